@@ -1,0 +1,1 @@
+"""JAX async RL trainer: models, losses, generation engines, async runtime."""

@@ -1,0 +1,104 @@
+"""The staleness ledger (DESIGN §8): the proof that a run kept its bound.
+
+Every path that trains — simulator or real runtime — writes `ledger.jsonl` through
+`LedgerWriter`, one JSON object a line, in event order:
+
+    {"event": "admit", "uid": U, "version": a, "deadline": d|null}
+    {"event": "start", "uid": U, "version": v}                      (extension: engine start)
+    {"event": "train", "step": k, "groups": [{"uid": U, "versions": [[v, tokens], ...]}, ...]}
+    {"event": "drop",  "uid": U, "step": k, "reason": "...", "tokens": t}
+    {"event": "move",  "uid": U, "from": k1, "to": k2}
+
+`tokens` on a drop (an extension) is how many generated tokens the drop wasted. A re-admission
+of an untrained uid (after a worker fault) is a second `admit` line. The audit
+(`planner.audit`) recomputes everything from this file alone.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from planner.types import Admission, Drop, Move, Versions
+
+LEDGER_FILE = "ledger.jsonl"
+
+
+class LedgerWriter:
+    """Appends ledger events. Opened in append mode so a resumed run continues the same ledger."""
+
+    def __init__(self, path: str | Path, *, append: bool = False, buffer_lines: int = 4096) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._lines: list[str] = []
+        self._buffer_lines = buffer_lines
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        self._lines.append(json.dumps(obj, separators=(",", ":")))
+        if len(self._lines) >= self._buffer_lines:
+            self.flush()
+
+    def admit(self, a: Admission) -> None:
+        self._write({"event": "admit", "uid": a.uid, "version": a.version, "deadline": a.deadline})
+
+    def start(self, uid: int, version: int) -> None:
+        self._write({"event": "start", "uid": uid, "version": version})
+
+    def train(self, step: int, groups: Sequence[tuple[int, Versions]]) -> None:
+        self._write(
+            {
+                "event": "train",
+                "step": step,
+                "groups": [{"uid": uid, "versions": [[v, t] for v, t in versions]} for uid, versions in groups],
+            }
+        )
+
+    def drop(self, d: Drop, tokens: int = 0) -> None:
+        self._write({"event": "drop", "uid": d.uid, "step": d.step, "reason": d.reason, "tokens": tokens})
+
+    def move(self, m: Move) -> None:
+        self._write({"event": "move", "uid": m.uid, "from": m.src, "to": m.dst})
+
+    def moves(self, moves: Iterable[Move]) -> None:
+        for m in moves:
+            self.move(m)
+
+    def flush(self) -> None:
+        if self._lines:
+            self._fh.write("\n".join(self._lines) + "\n")
+            self._lines.clear()
+        self._fh.flush()
+
+    def close(self) -> None:
+        self.flush()
+        self._fh.close()
+
+    def __enter__(self) -> LedgerWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LedgerError(ValueError):
+    """A ledger line that is not valid JSON or misses a field; the message names the line."""
+
+
+def read_ledger(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield ledger events; a malformed line raises `LedgerError` naming file and line."""
+    path = Path(path)
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise LedgerError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(obj, dict) or "event" not in obj:
+                raise LedgerError(f"{path}:{lineno}: missing field 'event'")
+            obj["_line"] = lineno
+            yield obj

@@ -1,0 +1,108 @@
+"""Records exchanged between a staleness policy and the driver that runs it.
+
+A *driver* is whatever advances time: the discrete-event simulator (`planner.sim`) or the real
+runtime (`jaxrl_async.runtime`). It reports events to the policy (`planner.base.Policy`) and
+applies the `Decision` each call returns. Nothing here reads a clock: `now` is always passed in.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class PlanContext:
+    """What every policy knows about the run before it starts (DESIGN §1)."""
+
+    batch_groups: int  # B: groups per optimizer step
+    group_size: int  # n: trajectories per group
+    max_staleness: int | None  # η; None = unbounded (the async ceiling reference)
+    total_steps: int  # S: the run trains steps 0 .. S-1
+
+    def __post_init__(self) -> None:
+        if self.batch_groups <= 0:
+            raise ValueError(f"batch_groups={self.batch_groups}: must be a positive integer")
+        if self.group_size <= 0:
+            raise ValueError(f"group_size={self.group_size}: must be a positive integer")
+        if self.max_staleness is not None and self.max_staleness < 0:
+            raise ValueError(f"max_staleness={self.max_staleness}: must be >= 0 (or null for unbounded)")
+        if self.total_steps <= 0:
+            raise ValueError(f"steps={self.total_steps}: must be a positive integer")
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A prompt the driver could admit now, in data-stream order."""
+
+    uid: int
+    prompt_id: int | str
+    prompt_tokens: int = 0
+    # The true longest response of the group, known only to a simulator; the oracle
+    # predictor reads it, every other component must ignore it.
+    oracle_tokens: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The policy lets group `uid` start generating.
+
+    `version` is the admission version a(g): a lower bound on the generation version of every
+    token the group will get. `priority` goes to the engine; lower is served first.
+    """
+
+    uid: int
+    prompt_id: int | str
+    version: int
+    deadline: int | None = None
+    priority: float = 0.0
+    planned_step: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Drop:
+    """Group `uid` is thrown away at trainer step `step`; a running group is aborted first."""
+
+    uid: int
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """The planner re-planned group `uid` from step `src` to step `dst` (ledger `move`)."""
+
+    uid: int
+    src: int
+    dst: int
+
+
+@dataclass(slots=True)
+class Decision:
+    """Everything a policy asks the driver to do after one event.
+
+    `train` is only set by `select_batch`: the uids of batch `step`, or None to wait for the
+    next event. The driver applies `drop` before `train`, and `admit` in list order.
+    """
+
+    admit: list[Admission] = field(default_factory=list)
+    drop: list[Drop] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+    train: list[int] | None = None
+
+    def __bool__(self) -> bool:
+        return bool(self.admit or self.drop or self.moves or self.train is not None)
+
+
+class Status(enum.IntEnum):
+    """Life of a group inside a policy's table."""
+
+    QUEUED = 0  # admitted, waiting for an engine slot
+    RUNNING = 1  # generating
+    DONE = 2  # generation finished, waiting for the trainer
+    TRAINED = 3
+    DROPPED = 4
+
+
+# (version, tokens) pairs: a group's token counts by generation version.
+Versions = list[tuple[int, int]]
