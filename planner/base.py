@@ -14,6 +14,7 @@ Event protocol (the driver calls these; each returns a `Decision` to apply):
     on_group_finished(uid, versions, now)  generation ended; `versions` = [(v, tokens), ...]
     on_version_published(version, now)     the trainer published weights `version`
     on_version_synced(version, now)        every live worker now holds >= `version`
+    on_engine_stats(kv_usage, queued, now) engine load report (prime-rl's adaptive cap reads it)
     select_batch(step, now)                the trainer is idle at step `step` (L3)
     on_step_done(step, now)                step `step` finished (the next publish follows)
     on_group_lost(uid, prefix_kept, now)   a worker died; the group must be resumed
@@ -53,6 +54,7 @@ class Policy(Protocol):
     ) -> Decision: ...
     def on_version_published(self, *, version: int, now: float) -> Decision: ...
     def on_version_synced(self, *, version: int, now: float) -> Decision: ...
+    def on_engine_stats(self, *, kv_usage: float, queued: int, now: float) -> Decision: ...
     def select_batch(self, *, step: int, now: float) -> Decision: ...
     def on_step_done(self, *, step: int, now: float) -> Decision: ...
     def on_group_lost(self, *, uid: int, prefix_kept: bool, now: float) -> Decision: ...
@@ -305,6 +307,10 @@ class PolicyBase:
 
     def on_version_synced(self, *, version: int, now: float) -> Decision:
         self.synced = max(self.synced, version)
+        return Decision()
+
+    def on_engine_stats(self, *, kv_usage: float, queued: int, now: float) -> Decision:
+        """KV usage in [0, 1] summed over workers and requests waiting for a slot. Default: ignored."""
         return Decision()
 
     def select_batch(self, *, step: int, now: float) -> Decision:
