@@ -338,13 +338,15 @@ class PolicyBase:
             g.start_version = None
             g.admit_version = self.synced
             g.admit_step = self.step
-        a = self.readmission(g)
+        a = self.readmission(g, prefix_kept)
         g.deadline, g.planned_step = a.deadline, a.planned_step
         return Decision(admit=[a])
 
-    def readmission(self, group: Group) -> Admission:
-        """The admission record of a resumed or regenerated group (may re-plan it)."""
-        return self.make_admission(group)
+    def readmission(self, group: Group, prefix_kept: bool) -> Admission:
+        """The admission record of a resumed or regenerated group. Default: keep its place."""
+        return Admission(
+            group.uid, group.prompt_id, group.admit_version, group.deadline, float(group.seq), group.planned_step
+        )
 
     def finish(self, *, now: float) -> Decision:
         leftover = list(self.groups)  # the table holds only untrained groups
