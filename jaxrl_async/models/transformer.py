@@ -1,0 +1,299 @@
+"""Decoder-only LM for the Llama / Qwen2 / Qwen3 family, in Flax NNX.
+
+Read top to bottom: RoPE tables, RMSNorm, attention (GQA, optional Qwen biases and q/k norm,
+optional KV cache), SwiGLU MLP, one decoder layer, and the `Transformer` that scans the layers.
+
+Layer parameters are stacked along a leading `layers` axis and the layers run under
+`jax.lax.scan`, so compile time does not grow with depth and the KV cache is one
+`[L, B, S, Hkv, D]` array per k/v. Every parameter declares its logical axes once, as Variable
+metadata (`logical_axes`); `jaxrl_async.sharding` derives shardings from them.
+
+Numerics follow transformers' Llama: RMSNorm in float32 then cast back, RoPE with the
+rotate-half layout, softmax in float32. Attention scores are accumulated in float32 (transformers
+keeps them in the activation dtype), which only matters for bfloat16.
+
+Deliberately left out: sliding-window attention, MoE, attention/logit soft-capping.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_async.models.config import ModelConfig
+
+# Logical axis names used in `logical_axes` metadata (see jaxrl_async/sharding.py).
+LAYERS, VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP = (
+    "layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
+
+
+def _dtype(cfg: ModelConfig) -> jnp.dtype:
+    return jnp.dtype(cfg.dtype)
+
+
+# ----------------------------------------------------------------------------------- RoPE
+
+
+def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
+    """Inverse frequencies [D/2] and the attention factor of cos/sin, for the static rope types.
+
+    Follows transformers' `modeling_rope_utils` (default, linear, llama3, yarn); `dynamic`
+    depends on the sequence length and is handled in `rope_cos_sin`.
+    """
+    d, base = cfg.head_dim, cfg.rope_theta
+    exponents = np.arange(0, d, 2, dtype=np.float32) / d
+    inv_freq = (1.0 / base ** exponents).astype(np.float32)
+    rope, kind = cfg.rope_scaling or {}, cfg.rope_type
+    if kind in ("default", "dynamic"):
+        return inv_freq, 1.0
+    if kind == "linear":
+        return inv_freq / np.float32(rope["factor"]), 1.0
+    if kind == "llama3":
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old_len = rope["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return np.where(medium, smoothed, scaled).astype(np.float32), 1.0
+    if kind == "yarn":
+        return _yarn_inv_freq(cfg, exponents)
+    raise ValueError(f"rope_type={kind!r} has no inverse-frequency rule")
+
+
+def _yarn_inv_freq(cfg: ModelConfig, exponents: np.ndarray) -> tuple[np.ndarray, float]:
+    """YaRN (Peng et al. 2023): interpolate low frequencies, keep high ones, scale attention."""
+    rope, d, base = cfg.rope_scaling, cfg.head_dim, cfg.rope_theta
+    factor = rope["factor"]
+    original = rope.get("original_max_position_embeddings") or cfg.max_position_embeddings
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None:
+        if rope.get("mscale") and rope.get("mscale_all_dim"):
+            attention_factor = mscale(factor, rope["mscale"]) / mscale(factor, rope["mscale_all_dim"])
+        else:
+            attention_factor = mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = correction_dim(rope.get("beta_fast") or 32)
+    high = correction_dim(rope.get("beta_slow") or 1)
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1)
+    extrapolation = 1 - ramp
+    pos_freqs = base ** exponents
+    inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
+    return inv_freq.astype(np.float32), float(attention_factor)
+
+
+def rope_cos_sin(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """cos, sin [B, T, D] (float32) for integer positions [B, T]."""
+    inv_freq, attention_factor = rope_inv_freq(cfg)
+    inv_freq = jnp.asarray(inv_freq)  # [D/2]
+    if cfg.rope_type == "dynamic":
+        # Dynamic NTK: past the trained length, grow the base with the longest position seen
+        # in this call (transformers' `dynamic_rope_update` does the same per forward).
+        d, factor = cfg.head_dim, cfg.rope_scaling["factor"]
+        max_len = cfg.rope_scaling.get("original_max_position_embeddings") or cfg.max_position_embeddings
+        seq_len = jnp.maximum(jnp.max(positions) + 1, max_len).astype(jnp.float32)
+        base = cfg.rope_theta * ((factor * seq_len / max_len) - (factor - 1)) ** (d / (d - 2))
+        inv_freq = 1.0 / base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)
+    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
+    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, D]
+    return jnp.cos(emb) * attention_factor, jnp.sin(emb) * attention_factor
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """x [B, T, H, D] rotated by cos/sin [B, T, D] (rotate-half layout, as in HF checkpoints)."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+# -------------------------------------------------------------------------------- RMSNorm
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+    """RMSNorm over the last axis, computed in float32 and cast back before the weight."""
+    x32 = x.astype(jnp.float32)
+    x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+    return weight * x32.astype(x.dtype)
+
+
+# ------------------------------------------------------------------------------ KV cache
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Keys and values of every layer; row b of the batch is one sequence (one engine slot)."""
+
+    k: jax.Array  # [L, B, S, Hkv, D]
+    v: jax.Array  # [L, B, S, Hkv, D]
+
+
+def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
+    """An all-zero cache for `batch` rows of `max_len` positions (dtype defaults to cfg.dtype)."""
+    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
+    dtype = jnp.dtype(dtype or cfg.dtype)
+    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] -> [B, T, H, D]."""
+    b, t, h, d = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, h // kv_heads, d)  # [B, T, K, G, D]
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(d)  # [B, K, G, T, S]
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, K, G, D]
+    return out.reshape(b, t, h, d)
+
+
+def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array,
+                  positions: jax.Array, cache_k: jax.Array | None, cache_v: jax.Array | None):
+    """One pre-norm block. x [B, T, E]; p holds this layer's parameters (no layer axis).
+
+    Returns the new x and this layer's updated cache rows (None without a cache).
+    """
+    h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)  # [B, T, E]
+    q = jnp.einsum("bte,ehd->bthd", h, p["wq"])  # [B, T, H, D]
+    k = jnp.einsum("bte,ekd->btkd", h, p["wk"])  # [B, T, K, D]
+    v = jnp.einsum("bte,ekd->btkd", h, p["wv"])  # [B, T, K, D]
+    if cfg.attention_bias:
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    if cfg.qk_norm:
+        q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
+        k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+    if cache_k is None:
+        # Causal among the T tokens by index; right padding only sees real tokens before it.
+        t = x.shape[1]
+        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
+        mask = jnp.broadcast_to(causal, (x.shape[0], t, t))
+        keys, values = k, v
+    else:
+        # Token (b, t) goes to cache index positions[b, t]; positions past the end are dropped.
+        rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
+        cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
+        cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
+        s = cache_k.shape[1]
+        mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        keys, values = cache_k.astype(q.dtype), cache_v.astype(q.dtype)
+
+    attn = attention(q, keys, values, mask)  # [B, T, H, D]
+    x = x + jnp.einsum("bthd,hde->bte", attn, p["wo"])
+
+    h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
+    gate = jnp.einsum("bte,ef->btf", h, p["w_gate"])  # [B, T, F]
+    up = jnp.einsum("bte,ef->btf", h, p["w_up"])
+    x = x + jnp.einsum("btf,fe->bte", jax.nn.silu(gate) * up, p["w_down"])
+    return x, cache_k, cache_v
+
+
+# --------------------------------------------------------------------------------- model
+
+
+def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype,
+           init: str = "normal") -> nnx.Param:
+    """A parameter with its logical axes declared next to its shape."""
+    assert len(shape) == len(axes), (shape, axes)
+    if init == "ones":
+        value = jnp.ones(shape, dtype)
+    elif init == "zeros":
+        value = jnp.zeros(shape, dtype)
+    else:  # HF's initializer_range
+        value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class DecoderLayers(nnx.Module):
+    """Parameters of all layers, stacked on a leading `layers` axis (scanned by Transformer)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        L, E, H, K, D, F = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                            cfg.head_dim, cfg.intermediate_size)
+        dt = _dtype(cfg)
+        self.attn_norm = _param(rngs, (L, E), (LAYERS, None), dt, "ones")
+        self.wq = _param(rngs, (L, E, H, D), (LAYERS, EMBED, HEADS, HEAD_DIM), dt)
+        self.wk = _param(rngs, (L, E, K, D), (LAYERS, EMBED, KV_HEADS, HEAD_DIM), dt)
+        self.wv = _param(rngs, (L, E, K, D), (LAYERS, EMBED, KV_HEADS, HEAD_DIM), dt)
+        self.wo = _param(rngs, (L, H, D, E), (LAYERS, HEADS, HEAD_DIM, EMBED), dt)
+        if cfg.attention_bias:
+            self.bq = _param(rngs, (L, H, D), (LAYERS, HEADS, HEAD_DIM), dt, "zeros")
+            self.bk = _param(rngs, (L, K, D), (LAYERS, KV_HEADS, HEAD_DIM), dt, "zeros")
+            self.bv = _param(rngs, (L, K, D), (LAYERS, KV_HEADS, HEAD_DIM), dt, "zeros")
+        if cfg.qk_norm:
+            self.q_norm = _param(rngs, (L, D), (LAYERS, None), dt, "ones")
+            self.k_norm = _param(rngs, (L, D), (LAYERS, None), dt, "ones")
+        self.mlp_norm = _param(rngs, (L, E), (LAYERS, None), dt, "ones")
+        self.w_gate = _param(rngs, (L, E, F), (LAYERS, EMBED, MLP), dt)
+        self.w_up = _param(rngs, (L, E, F), (LAYERS, EMBED, MLP), dt)
+        self.w_down = _param(rngs, (L, F, E), (LAYERS, MLP, EMBED), dt)
+
+    def stacked(self) -> dict[str, jax.Array]:
+        return {name: var.value for name, var in vars(self).items() if isinstance(var, nnx.Param)}
+
+
+class Transformer(nnx.Module):
+    """Token ids -> float32 logits, with an optional slot-indexed KV cache (see `__call__`)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dt = _dtype(cfg)
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), (VOCAB, EMBED), dt)
+        self.layers = DecoderLayers(cfg, rngs=rngs)
+        self.final_norm = _param(rngs, (cfg.hidden_size,), (None,), dt, "ones")
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), (EMBED, VOCAB), dt)
+
+    def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
+                 ) -> tuple[jax.Array, KVCache | None]:
+        """tokens/positions int32 [B, T]; returns float32 logits [B, T, V] and the updated cache.
+
+        Without cache: causal attention among the T tokens (right padding is harmless).
+        With cache: token (b, t) is written at cache index positions[b, t] of row b, and a query
+        at position p attends to cache indices j <= p of its own row only. This lets a slot-based
+        engine prefill a right-padded prompt bucket and then decode one token at a time.
+        """
+        cfg = self.cfg
+        x = self.embed.value[tokens]  # [B, T, E]
+        cos, sin = rope_cos_sin(cfg, positions)  # [B, T, D]
+
+        def layer(x, xs):
+            p, ck, cv = xs
+            x, ck, cv = decoder_layer(cfg, p, x, cos, sin, positions, ck, cv)
+            return x, (ck, cv)
+
+        xs = (self.layers.stacked(),
+              None if cache is None else cache.k, None if cache is None else cache.v)
+        x, (new_k, new_v) = jax.lax.scan(layer, x, xs)
+        x = rms_norm(x, self.final_norm.value, cfg.rms_norm_eps)
+        if cfg.tie_word_embeddings:
+            logits = jnp.einsum("bte,ve->btv", x, self.embed.value,
+                                preferred_element_type=jnp.float32)
+        else:
+            logits = jnp.einsum("bte,ev->btv", x, self.lm_head.value,
+                                preferred_element_type=jnp.float32)
+        new_cache = None if cache is None else KVCache(k=new_k, v=new_v)
+        return logits.astype(jnp.float32), new_cache
