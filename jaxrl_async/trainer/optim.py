@@ -1,0 +1,61 @@
+"""The optimizer: AdamW with linear warm-up, cosine decay and global-norm gradient clipping.
+
+Weight decay applies to matrices only (ndim >= 2): decaying norm scales and biases towards 0
+fights the normalization they implement, the usual LLM practice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import optax
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 1e-6  # peak learning rate, reached after `warmup_steps`
+    warmup_steps: int = 0  # linear ramp from 0 to `lr`
+    total_steps: int = 1000  # warm-up + cosine decay length; constant `lr * min_lr_ratio` after
+    min_lr_ratio: float = 0.1  # final learning rate as a fraction of `lr`
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0  # clip the global gradient norm to it; None = no clipping
+
+    def __post_init__(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"OptimConfig.lr={self.lr!r}: must be > 0")
+        if self.warmup_steps < 0 or self.total_steps <= 0:
+            raise ValueError(
+                f"OptimConfig warmup_steps={self.warmup_steps!r}, total_steps={self.total_steps!r}: "
+                "need warmup_steps >= 0 and total_steps > 0")
+        if self.warmup_steps > self.total_steps:
+            raise ValueError(
+                f"OptimConfig.warmup_steps={self.warmup_steps} > total_steps={self.total_steps}: "
+                "the warm-up is part of the schedule")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"OptimConfig.min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
+        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
+            raise ValueError(f"OptimConfig b1={self.b1!r}, b2={self.b2!r}: must be in [0, 1)")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimConfig.weight_decay={self.weight_decay!r}: must be >= 0")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"OptimConfig.max_grad_norm={self.max_grad_norm!r}: must be > 0 or None")
+
+
+def make_schedule(cfg: OptimConfig) -> optax.Schedule:
+    """Learning rate as a function of the update count (0-based)."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
+        decay_steps=cfg.total_steps, end_value=cfg.lr * cfg.min_lr_ratio)
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    adamw = optax.adamw(
+        make_schedule(cfg), b1=cfg.b1, b2=cfg.b2, eps=cfg.eps, weight_decay=cfg.weight_decay,
+        mask=lambda params: jax.tree.map(lambda p: p.ndim >= 2, params))
+    if cfg.max_grad_norm is None:
+        return adamw
+    return optax.chain(optax.clip_by_global_norm(cfg.max_grad_norm), adamw)
