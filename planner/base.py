@@ -124,7 +124,8 @@ class PolicyBase:
         self.ctx = ctx
         self.params = params if params is not None else self.Params(**self.default_params(ctx))
         self.groups: dict[int, Group] = {}
-        self.step = 0  # next step the trainer trains (= trainer version)
+        self.step = 0  # the trainer's current step (= trainer version)
+        self.batch_pending = False  # batch `step` is chosen and training; cleared by on_step_done
         self.published = 0  # newest published version
         self.synced = 0  # version every live worker holds
         self.admitted_total = 0  # admissions ever, re-admissions after faults excluded
@@ -161,6 +162,11 @@ class PolicyBase:
     @property
     def B(self) -> int:
         return self.ctx.batch_groups
+
+    @property
+    def next_batch_step(self) -> int:
+        """The first step whose batch is not chosen yet: where new groups can still go."""
+        return self.step + 1 if self.batch_pending else self.step
 
     @property
     def inflight(self) -> int:
@@ -314,17 +320,19 @@ class PolicyBase:
         return Decision()
 
     def select_batch(self, *, step: int, now: float) -> Decision:
-        if step != self.step:
-            raise ValueError(f"select_batch(step={step}) but the policy is at step {self.step}")
+        if step != self.step or self.batch_pending:
+            raise ValueError(f"select_batch(step={step}) but the policy is at step {self.step} (batch chosen: {self.batch_pending})")
         decision = self.choose_batch(step, now)
         if decision.train is not None:
             if len(decision.train) != self.B:
                 raise AssertionError(f"{self.name}: batch of {len(decision.train)} groups, expected {self.B}")
             decision.train = self.train(decision.train)
+            self.batch_pending = True
         return decision
 
     def on_step_done(self, *, step: int, now: float) -> Decision:
         self.step = step + 1
+        self.batch_pending = False
         return Decision()
 
     def on_group_lost(self, *, uid: int, prefix_kept: bool, now: float) -> Decision:
@@ -353,7 +361,7 @@ class PolicyBase:
         return Decision(drop=[self.drop(uid, "end_of_run") for uid in leftover])
 
     # ----------------------------------------------------------------- checkpoints
-    _SCALARS = ("step", "published", "synced", "admitted_total", "trained_total", "dropped_total", "_seq", "_finish_seq")
+    _SCALARS = ("step", "batch_pending", "published", "synced", "admitted_total", "trained_total", "dropped_total", "_seq", "_finish_seq")
 
     def state_dict(self) -> dict[str, Any]:
         return {

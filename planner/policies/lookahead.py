@@ -1,0 +1,244 @@
+"""`lookahead`: strict staleness bound η with zero drops (DESIGN §2).
+
+Each admitted group g gets the window [a(g), a(g)+η] — a(g) the version the workers hold when it
+is admitted, a lower bound of every token's version since weights only move forward — and the
+deadline d(g) = a(g)+η. The planner keeps the EDF condition (F) of `planner.feasibility` true:
+
+- L1 admission: a new group (deadline d = synced+η) is admitted only while (F) still holds with
+  it — for a full, in-sync schedule the quota |U|+1 <= B·(a+η−k+1). The run admits at most B·S
+  groups in all, so every admitted group is trained by the last step.
+- L3 selection: the B done groups with the earliest deadline (ties: older admission, uid), kept
+  only if (F) holds for the rest at step k+1; otherwise the trainer waits — and then every batch
+  of done groups would fail (F) too (exchange argument), so the wait is forced.
+- The schedule: admission binds a group to the earliest step of its window with room (NeMo-RL
+  `in_order`'s binding); at batch time done groups are pulled forward and unfinished ones move to
+  the freed steps inside their windows. Every change is a `Move` (ledger `move`).
+- Engine priority = deadline (earliest first) instead of L2 cancellation: nothing is cancelled.
+- A group that starts on weights newer than it was admitted on gets the later deadline
+  min(start, synced)+η (`refine_on_start`): only a relaxation of (F), so still strict; it is what
+  lets a slot-limited engine's queue wait without eating the window.
+- Faults: a resumed group keeps its tokens and window; a regenerated one is re-admitted at the
+  synced version, which can only move its deadline later (a relaxation again).
+
+With η = null (unbounded) it admits up to B·S groups at once and trains in completion order:
+the async throughput ceiling of the benchmark.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from planner.base import Group, PolicyBase
+from planner.feasibility import admission_room, feasible
+from planner.predictors import make_predictor
+from planner.registry import register
+from planner.types import Admission, Candidate, Decision, Move, Status, Versions
+
+
+@dataclass(frozen=True)
+class LookaheadParams:
+    predictor: str = "none"  # none | history | oracle: admission order only (long first)
+    refine_on_start: bool = True  # later deadline for groups that start on newer weights
+    max_inflight_groups: int | None = None  # engine-side cap; may only lower the (F) quota
+    kv_token_budget: int | None = None  # cap on predicted tokens in flight (needs a predictor)
+
+    def __post_init__(self) -> None:
+        for name in ("max_inflight_groups", "kv_token_budget"):
+            v = getattr(self, name)
+            if v is not None and v <= 0:
+                raise ValueError(f"policy.{name}={v}: must be positive or null")
+
+
+@register
+class Lookahead(PolicyBase):
+    """Our planner. `max_staleness` is used as η directly; there is no other knob to map."""
+
+    name = "lookahead"
+    strict = True
+    Params = LookaheadParams
+
+    def __init__(self, ctx, params: LookaheadParams | None = None) -> None:
+        super().__init__(ctx, params)
+        self.predictor = make_predictor(self.params.predictor)
+        self.counts: dict[int, int] = {}  # deadline -> untrained groups with that deadline
+        self.plan: dict[int, set[int]] = {}  # step -> uids planned for it
+        self._ready: list[tuple[int, int, int]] = []  # heap of DONE groups: (deadline, seq, uid)
+        self._inflight_tokens = 0.0  # predicted tokens of in-flight groups
+
+    # ------------------------------------------------------------------ L1
+    def admission_quota(self, now: float) -> int:
+        quota = self.B * self.ctx.total_steps - self.admitted_total
+        if self.eta is not None:
+            k = self.next_batch_step
+            quota = min(quota, admission_room(self.counts, k, self.B, self.synced + self.eta))
+        if self.params.max_inflight_groups is not None:
+            quota = min(quota, self.params.max_inflight_groups - self.inflight)
+        return max(0, quota)
+
+    def predict(self, c: Candidate) -> float | None:
+        return self.predictor.predict(c)
+
+    def order_candidates(self, candidates: Sequence[Candidate]) -> Sequence[Candidate]:
+        """Longest predicted first; a candidate passed over for a whole window goes first (no starvation)."""
+        if self.params.predictor == "none" or len(candidates) < 2:
+            return candidates
+        oldest_allowed = max(c.uid for c in candidates) - 2 * len(candidates)
+        fallback = self.predictor.predict(Candidate(-1, "")) or 0.0
+
+        def key(c: Candidate) -> tuple[int, float, int]:
+            p = self.predictor.predict(c)
+            return (0 if c.uid < oldest_allowed else 1, -(fallback if p is None else p), c.uid)
+
+        return sorted(candidates, key=key)
+
+    def admit(self, *, now: float, candidates: Sequence[Candidate]) -> Decision:
+        quota = min(self.admission_quota(now), len(candidates))
+        if quota <= 0:
+            return Decision()
+        budget = self.params.kv_token_budget
+        chosen: list[Candidate] = []
+        planned = self._inflight_tokens
+        for c in self.order_candidates(candidates)[:quota]:
+            tokens = (self.predict(c) or 0.0) * self.ctx.group_size
+            # An idle engine always takes one group, however long, so the budget cannot stall a run.
+            if budget is not None and (chosen or self.inflight) and planned + tokens > budget:
+                break
+            planned += tokens
+            chosen.append(c)
+        return Decision(admit=[self._admit_one(c) for c in chosen])
+
+    def make_admission(self, g: Group) -> Admission:
+        self._inflight_tokens += (g.predicted_tokens or 0.0) * self.ctx.group_size
+        if self.eta is None:
+            return Admission(g.uid, g.prompt_id, g.admit_version, priority=float(g.seq))
+        d = g.admit_version + self.eta
+        self.counts[d] = self.counts.get(d, 0) + 1
+        step = self._first_open_step(self.next_batch_step, d)
+        self.plan.setdefault(step, set()).add(g.uid)
+        return Admission(g.uid, g.prompt_id, g.admit_version, d, priority=float(d), planned_step=step)
+
+    def _first_open_step(self, lo: int, hi: int) -> int:
+        for s in range(lo, hi + 1):
+            if len(self.plan.get(s, ())) < self.B:
+                return s
+        raise AssertionError(f"no open step in [{lo}, {hi}] although (F) admitted the group; plan={self.plan}")
+
+    # ------------------------------------------------------------------ generation events
+    def on_group_started(self, *, uid: int, version: int, now: float) -> Decision:
+        g = self.groups.get(uid)
+        first_start = g is not None and g.status == Status.QUEUED and g.start_version is None
+        super().on_group_started(uid=uid, version=version, now=now)
+        if first_start and self.eta is not None and self.params.refine_on_start:
+            self._set_deadline(g, min(version, self.synced) + self.eta)
+        return Decision()
+
+    def _set_deadline(self, g: Group, deadline: int) -> None:
+        """Move g to a later deadline (never earlier: that could break (F))."""
+        if g.deadline is None or deadline <= g.deadline:
+            return
+        self.counts[g.deadline] -= 1
+        if not self.counts[g.deadline]:
+            del self.counts[g.deadline]
+        self.counts[deadline] = self.counts.get(deadline, 0) + 1
+        g.deadline = deadline
+
+    def on_group_finished(
+        self, *, uid: int, versions: Versions, now: float, last_versions: Sequence[int] = ()
+    ) -> Decision:
+        g = self.groups.get(uid)
+        was_inflight = g is not None and g.status in (Status.QUEUED, Status.RUNNING)
+        super().on_group_finished(uid=uid, versions=versions, now=now, last_versions=last_versions)
+        if was_inflight:
+            self._inflight_tokens -= (g.predicted_tokens or 0.0) * self.ctx.group_size
+            self.predictor.observe(g.prompt_id, g.tokens / self.ctx.group_size)
+            if g.deadline is not None:
+                heapq.heappush(self._ready, (g.deadline, g.seq, uid))
+        return Decision()
+
+    def readmission(self, group: Group, prefix_kept: bool) -> Admission:
+        if self.eta is not None and not prefix_kept:
+            self._set_deadline(group, self.synced + self.eta)  # group.admit_version is now synced
+        priority = float(group.deadline if group.deadline is not None else group.seq)
+        return Admission(group.uid, group.prompt_id, group.admit_version, group.deadline, priority, group.planned_step)
+
+    # ------------------------------------------------------------------ L3
+    def choose_batch(self, step: int, now: float) -> Decision:
+        if self.num_done < self.B:
+            return Decision()  # forced: fewer than B groups are done
+        if self.eta is None:
+            uids = [uid for uid, _ in zip(self._done, range(self.B))]  # completion order
+            return Decision(train=uids)
+        batch = [heapq.heappop(self._ready) for _ in range(self.B)]
+        rest = dict(self.counts)
+        for d, _, _ in batch:
+            rest[d] -= 1
+        if not feasible(rest, step + 1, self.B):
+            for entry in batch:  # forced: the EDF batch fails (F), so every batch does
+                heapq.heappush(self._ready, entry)
+            return Decision()
+        self.counts = {d: c for d, c in rest.items() if c}
+        uids = [uid for _, _, uid in batch]
+        return Decision(train=uids, moves=self._replan(step, uids))
+
+    def _replan(self, step: int, batch: list[int]) -> list[Move]:
+        """Make step `step` hold exactly `batch`; displaced groups take the freed later steps."""
+        planned_here = self.plan.pop(step, set())
+        chosen = set(batch)
+        moves: list[Move] = []
+        freed: list[int] = []
+        for uid in batch:
+            g = self.groups[uid]
+            if g.planned_step != step:
+                self.plan[g.planned_step].discard(uid)
+                freed.append(g.planned_step)
+                moves.append(self.move(g, step))
+        displaced = sorted((self.groups[u] for u in planned_here - chosen), key=lambda g: (g.deadline, g.seq))
+        freed.sort()
+        if all(s <= g.deadline for g, s in zip(displaced, freed)):
+            for g, s in zip(displaced, freed):
+                self.plan[s].add(g.uid)
+                moves.append(self.move(g, s))
+        else:
+            for g in displaced:
+                g.planned_step = None
+            moves += self._replan_all(step + 1, displaced)
+        for s in [s for s, uids in self.plan.items() if not uids]:
+            del self.plan[s]
+        return moves
+
+    def _replan_all(self, start: int, unplanned: list[Group]) -> list[Move]:
+        """EDF assignment of every untrained group from `start` (exists because (F) holds)."""
+        groups = sorted(
+            [self.groups[u] for uids in self.plan.values() for u in uids] + unplanned,
+            key=lambda g: (g.deadline, g.seq),
+        )
+        self.plan = {}
+        moves = []
+        for i, g in enumerate(groups):
+            s = start + i // self.B
+            assert s <= g.deadline, f"(F) held but EDF puts group {g.uid} (deadline {g.deadline}) at step {s}"
+            self.plan.setdefault(s, set()).add(g.uid)
+            if g.planned_step != s:
+                moves.append(self.move(g, s))
+        return moves
+
+    # ------------------------------------------------------------------ checkpoints
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "counts": [[d, c] for d, c in self.counts.items()],
+            "plan": [[s, sorted(uids)] for s, uids in self.plan.items()],
+            "predictor": self.predictor.state_dict(),
+            "inflight_tokens": self._inflight_tokens,
+        }
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.predictor = make_predictor(self.params.predictor)
+        self.predictor.load_state_dict(state["predictor"])
+        self.counts = {int(d): int(c) for d, c in state["counts"]}
+        self.plan = {int(s): set(uids) for s, uids in state["plan"]}
+        self._inflight_tokens = state["inflight_tokens"]
+        self._ready = [(g.deadline, g.seq, g.uid) for g in self._done.values() if g.deadline is not None]
+        heapq.heapify(self._ready)
