@@ -1,0 +1,21 @@
+"""Every staleness policy, registered by name on import (DESIGN §3).
+
+Baselines, one module per framework, built from `planner.policies.blocks`; `lookahead` is ours
+(DESIGN §2). How to add one: write a module with a `@register`ed `PolicyBase` subclass and import
+it here.
+"""
+
+from planner.policies import (  # noqa: F401
+    areal,
+    dressage,
+    nemo,
+    openrlhf,
+    prime_rl,
+    roll,
+    skyrl,
+    slime,
+    trl,
+    verl,
+)
+
+# from planner.policies import lookahead  # noqa: F401

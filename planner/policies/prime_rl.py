@@ -1,0 +1,106 @@
+"""prime-rl: an adaptive in-flight cap (L1) and one freshness rule at L2 and L3.
+
+Reference "prime-rl": the cap starts at `initial_inflight`, grows multiplicatively while the engines
+have no queue and KV usage is under a soft cap (less the fuller KV is), shrinks above the soft cap
+so that in-flight work drains, and is clamped to [min_inflight, max_inflight]. `min_fresh_version
+(step, max_off_policy_steps) = (step − 1) − max_off_policy_steps` with prime-rl's 1-based step,
+i.e. a group trained at our step k needs earliest version ≥ k − max_off_policy_steps. Before a new
+version is published, running groups that can no longer pass are cancelled; queued results are
+rechecked at every version and again when the batch is assembled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from planner.base import PolicyBase
+from planner.policies.blocks import by_completion, cap_room, drop_all, first_batch, older_than, require, running_groups
+from planner.registry import register
+from planner.types import Decision, PlanContext
+
+
+@dataclass(frozen=True)
+class PrimeRlParams:
+    max_off_policy_steps: int = 8
+    max_inflight: int | None = None  # ceiling of the adaptive cap, groups; None = none
+    min_inflight: int | None = None  # floor; None = B
+    initial_inflight: int | None = None  # cap before the first engine report; None = B
+    kv_soft_cap: float = 0.9  # KV usage above which the cap shrinks
+    max_growth: float = 1.25  # growth factor per report at zero KV usage
+    backoff: float = 0.75  # shrink factor per report above the soft cap
+
+    def __post_init__(self) -> None:
+        require(self.max_off_policy_steps >= 0, "max_off_policy_steps", self.max_off_policy_steps, "must be >= 0")
+        for name in ("max_inflight", "min_inflight", "initial_inflight"):
+            v = getattr(self, name)
+            require(v is None or v >= 1, name, v, "must be >= 1 or null")
+        lo, hi = self.min_inflight, self.max_inflight
+        require(lo is None or hi is None or lo <= hi, "min_inflight", lo, f"must be <= max_inflight={hi}")
+        require(0 < self.kv_soft_cap <= 1, "kv_soft_cap", self.kv_soft_cap, "must be in (0, 1]")
+        require(self.max_growth >= 1, "max_growth", self.max_growth, "must be >= 1")
+        require(0 < self.backoff <= 1, "backoff", self.backoff, "must be in (0, 1]")
+
+
+@register
+class PrimeRl(PolicyBase):
+    """prime-rl. Mapping from η: `max_off_policy_steps = η` (the cap parameters are not staleness
+    parameters and keep their defaults).
+
+    L1: in flight < cap (see module docstring; `on_engine_stats` drives it, one update per
+    report). L2 at `on_version_published(v)`: cancel running groups with earliest version
+    < v − max_off_policy_steps, and drop done ones (the queued recheck). L3 at step k: drop done
+    groups with earliest version < k − max_off_policy_steps, take B in completion order. Strict.
+    Left out: the extra cancellation of work above the cap on preemption (no preemption signal).
+    """
+
+    name = "prime_rl"
+    strict = True
+    Params = PrimeRlParams
+
+    def __init__(self, ctx: PlanContext, params: PrimeRlParams | None = None) -> None:
+        super().__init__(ctx, params)
+        self.cap = float(self.clamp(self.params.initial_inflight or self.B))
+
+    @classmethod
+    def default_params(cls, ctx: PlanContext) -> dict[str, Any]:
+        return {} if ctx.max_staleness is None else {"max_off_policy_steps": ctx.max_staleness}
+
+    def clamp(self, cap: float) -> float:
+        lo = self.params.min_inflight or self.B
+        hi = self.params.max_inflight or math.inf
+        return min(max(cap, lo), hi)
+
+    def min_fresh(self, step: int) -> int:
+        return step - self.params.max_off_policy_steps
+
+    def admission_quota(self, now: float) -> int:
+        return cap_room(int(self.cap), self.inflight)
+
+    def on_engine_stats(self, *, kv_usage: float, queued: int, now: float) -> Decision:
+        soft = self.params.kv_soft_cap
+        if kv_usage > soft:
+            self.cap = self.clamp(self.cap * self.params.backoff)
+        elif queued == 0:
+            headroom = 1.0 - kv_usage / soft  # growth shrinks as KV fills
+            self.cap = self.clamp(self.cap * (1.0 + (self.params.max_growth - 1.0) * headroom))
+        return Decision()
+
+    def on_version_published(self, *, version: int, now: float) -> Decision:
+        super().on_version_published(version=version, now=now)
+        floor = self.min_fresh(version)
+        drops = drop_all(self, older_than(running_groups(self), floor), "prime_rl_l2_cancel")
+        drops += drop_all(self, older_than(self.done, floor), "prime_rl_l3_stale")
+        return Decision(drop=drops)
+
+    def choose_batch(self, step: int, now: float) -> Decision:
+        drops = drop_all(self, older_than(self.done, self.min_fresh(step)), "prime_rl_l3_stale")
+        return Decision(drop=drops, train=first_batch(by_completion(self.done), self.B))
+
+    def extra_state(self) -> dict[str, Any]:
+        return {"cap": self.cap}
+
+    def load_extra_state(self, state: Mapping[str, Any]) -> None:
+        self.cap = float(state["cap"])
