@@ -1,0 +1,17 @@
+"""Discrete-event simulator of an async RL cluster (DESIGN §4): generation workers with continuous
+batching, a trainer, weight syncs, faults and response-length workloads, driving any policy through
+the same event protocol as the real runtime.
+
+    from planner.sim import Simulator, SimConfig, make_workload
+    result = Simulator(policy, ctx, make_workload({"name": "lognormal"}, n), SimConfig(), seed=0).run()
+"""
+
+from planner.sim.config import FaultConfig, FaultSpec, SimConfig, TrainerConfig, WorkerConfig
+from planner.sim.engine import SimResult, Simulator
+from planner.sim.recorder import EventRecorder, first_divergence, replay
+from planner.sim.workloads import WORKLOADS, make_workload
+
+__all__ = [
+    "EventRecorder", "FaultConfig", "FaultSpec", "SimConfig", "SimResult", "Simulator", "TrainerConfig",
+    "WORKLOADS", "WorkerConfig", "first_divergence", "make_workload", "replay",
+]

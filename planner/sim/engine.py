@@ -1,0 +1,394 @@
+"""The simulator: drives a staleness policy through the event protocol of `planner.base`.
+
+    sim = Simulator(policy, ctx, workload, SimConfig(), seed=0, ledger=LedgerWriter(path))
+    result = sim.run()          # SimResult: summary (DESIGN §8 keys), per-step rows, deadlock flag
+
+The loop is vidur's: pop the earliest `(time, kind, seq)` event, set the clock, run its handler,
+push the events the handler returns. Handlers never touch the heap; what they schedule is
+collected in `self._out` and pushed by the loop. After every event that changed anything a policy
+can see, `_settle` asks the policy to admit from the candidate window and, while the trainer
+waits, to select batch `k`; decisions are applied at once (drops, then the batch, then admissions
+in order, moves go to the ledger).
+
+Everything random comes from `seed` (numpy Generators spawned per purpose), and nothing reads a
+clock, so a run is a function of (policy, config, seed). A run that runs out of events while the
+trainer still waits is a policy bug: it stops and reports `deadlock: true`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time as wallclock
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from planner.ledger import LedgerWriter
+from planner.sim.config import SimConfig
+from planner.sim.events import EventKind, EventQueue
+from planner.sim.faults import FaultPlan
+from planner.sim.group import GState, SimGroup
+from planner.sim.metrics import RunMetrics
+from planner.sim.recorder import EventRecorder
+from planner.sim.stream import AdmissionWindow
+from planner.sim.trainer import Trainer
+from planner.sim.workers import Worker
+from planner.sim.workloads import Workload, workload_params
+from planner.types import Admission, Decision, Drop, PlanContext
+
+MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock
+
+
+class NullLedger:
+    """Stands in for `LedgerWriter` when a run needs no ledger file (speed runs)."""
+
+    def admit(self, a: Admission) -> None: ...
+    def start(self, uid: int, version: int) -> None: ...
+    def train(self, step: int, groups: Any) -> None: ...
+    def drop(self, d: Drop, tokens: int = 0) -> None: ...
+    def moves(self, moves: Any) -> None: ...
+    def flush(self) -> None: ...
+
+
+@dataclass
+class SimResult:
+    summary: dict[str, Any]  # summary.json
+    steps: list[dict[str, Any]]  # metrics.jsonl rows
+    deadlock: bool
+
+
+class Simulator:
+    def __init__(
+        self,
+        policy: Any,
+        ctx: PlanContext,
+        workload: Workload,
+        cfg: SimConfig,
+        *,
+        seed: int,
+        ledger: LedgerWriter | None = None,
+        recorder: EventRecorder | None = None,
+    ) -> None:
+        if cfg.workers.max_concurrency < ctx.group_size:
+            raise ValueError(
+                f"sim.workers.max_concurrency={cfg.workers.max_concurrency}: must be >= group_size={ctx.group_size} "
+                "(a group starts as a whole)"
+            )
+        self.policy = policy
+        self.p = recorder.wrap(policy) if recorder is not None else policy
+        self.ctx = ctx
+        self.cfg = cfg
+        self.workload = workload
+        self.seed = seed
+        self.ledger = ledger if ledger is not None else NullLedger()
+        data_rng, fault_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+        self.window = AdmissionWindow(workload, data_rng, cfg.admission_window or 2 * ctx.batch_groups)
+        self.workers = [Worker(i, cfg.workers) for i in range(cfg.workers.num_workers)]
+        self.inflight_sync = cfg.workers.sync_mode == "inflight"
+        self.trainer = Trainer(cfg.trainer, ctx.total_steps)
+        self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
+        self.metrics = RunMetrics()
+        self.queue = EventQueue()
+        self.now = 0.0
+        self.groups: dict[int, SimGroup] = {}  # admitted, untrained, not dropped
+        self.lost: dict[int, SimGroup] = {}  # lost to a fault, not re-admitted yet
+        self.parked: list[SimGroup] = []  # admitted while no worker was alive
+        self.published = 0
+        self.synced = 0  # last version reported by on_version_synced
+        self.admitted = 0
+        self.readmissions = 0
+        self._enqueue_seq = 0
+        self._out: list[tuple[float, EventKind, Any]] = []
+        self._changed = False  # something a policy can see changed since the last settle
+        self._ask = True  # the trainer should (re)ask select_batch
+        self._step_info: dict[str, Any] = {}
+        self._handlers = {
+            EventKind.FAULT: self._on_fault,
+            EventKind.RESTART: self._on_restart,
+            EventKind.SYNC_DONE: self._on_sync_done,
+            EventKind.COMPLETION: self._on_completion,
+            EventKind.STEP_DONE: self._on_step_done,
+        }
+
+    # ================================================================== loop
+    def run(self) -> SimResult:
+        wall0 = wallclock.perf_counter()
+        for t, w in self.faults.initial():
+            self.queue.push(t, EventKind.FAULT, w)
+        queue, handlers, out = self.queue, self._handlers, self._out
+        self._settle()
+        while not self.trainer.finished:
+            for ev in out:
+                queue.push(*ev)
+            out.clear()
+            if not len(queue):
+                break
+            self.now, kind, payload = queue.pop()
+            handlers[kind](payload)
+            if self._changed:
+                self._settle()
+        deadlock = not self.trainer.finished
+        self._apply(self.p.finish(now=self.now), "finish")
+        self.ledger.flush()
+        return SimResult(self._summary(deadlock, wallclock.perf_counter() - wall0), self.metrics.steps, deadlock)
+
+    def _settle(self) -> None:
+        """Let the policy admit, and select while the trainer waits, until nothing changes."""
+        p, trainer = self.p, self.trainer
+        for _ in range(MAX_SETTLE_ROUNDS):
+            self._changed = False
+            self._apply(p.admit(now=self.now, candidates=self.window.candidates), "admit")
+            if trainer.waiting and self._ask:
+                self._ask = False
+                self._apply(p.select_batch(step=trainer.step, now=self.now), "select_batch")
+            if not self._changed:
+                return
+        raise RuntimeError(f"policy {self.policy.name}: decisions keep changing state at t={self.now} (livelock)")
+
+    # ================================================================== decisions
+    def _apply(self, d: Decision, source: str) -> None:
+        if d.moves:
+            self.ledger.moves(d.moves)
+        for drop in d.drop:
+            self._drop(drop)
+        if d.train is not None:
+            if source != "select_batch":
+                raise ValueError(f"policy {self.policy.name}: {source} returned a batch; only select_batch may")
+            self._train(d.train)
+        if d.admit:
+            self._admit(d.admit)
+
+    def _admit(self, admissions: list[Admission]) -> None:
+        fresh = {a.uid for a in admissions if a.uid in self.window}
+        data = self.window.take(fresh) if fresh else {}
+        for a in admissions:
+            if a.uid in data:
+                c, prompt_tokens, lengths = data.pop(a.uid)
+                g = SimGroup(a.uid, c.prompt_id, prompt_tokens, lengths)
+                self.groups[a.uid] = g
+                self.admitted += 1
+            elif a.uid in self.lost:
+                g = self.lost.pop(a.uid)
+                self.readmissions += 1
+            else:
+                raise ValueError(f"policy {self.policy.name} admitted uid {a.uid}: neither a candidate nor a lost group")
+            self.ledger.admit(a)
+            g.priority = a.priority
+            self._route(g)
+        self._changed = True
+
+    def _drop(self, d: Drop) -> None:
+        g = self.groups.get(d.uid)
+        if g is None:
+            raise ValueError(f"policy {self.policy.name} dropped uid {d.uid}: not an admitted, untrained group")
+        if g.state == GState.RUNNING:
+            w = self.workers[g.worker]
+            w.abort(self.now, g)
+            self._kick(w, force=True)
+        elif g.state == GState.LOST:
+            del self.lost[d.uid]
+        tokens = g.generated
+        g.state = GState.DROPPED
+        del self.groups[d.uid]
+        self.ledger.drop(d, tokens)
+        self.metrics.drop(d.reason, tokens)
+        self._changed = self._ask = True
+
+    def _train(self, uids: list[int]) -> None:
+        trainer = self.trainer
+        if not trainer.waiting:
+            raise ValueError(f"policy {self.policy.name}: a batch while the trainer is busy")
+        step, n = trainer.step, self.ctx.group_size
+        batch, prompt_tokens = [], 0
+        for uid in uids:
+            g = self.groups.get(uid)
+            if g is None or g.state != GState.DONE:
+                state = "unknown" if g is None else g.state.name
+                raise ValueError(f"policy {self.policy.name} trained uid {uid} at step {step}: group is {state}, not DONE")
+            batch.append((uid, g.versions_list(), len(g.lengths)))
+            prompt_tokens += g.prompt_tokens * len(g.lengths)
+            g.state = GState.TRAINED
+            del self.groups[uid]
+        self.ledger.train(step, [(uid, v) for uid, v, _ in batch])
+        worst, mean, tokens = self.metrics.train(step, batch)
+        wait = self.now - trainer.wait_since
+        end = trainer.begin(self.now, tokens + prompt_tokens)
+        self._step_info = {"start_s": self.now, "wait_s": wait, "tokens": tokens, "n": n,
+                           "max_staleness_in_batch": worst, "mean_staleness_in_batch": mean}
+        self._out.append((end, EventKind.STEP_DONE, step))
+        self._changed = True
+
+    # ================================================================== workers
+    def _route(self, g: SimGroup) -> None:
+        """Send a group to the least-loaded live worker (or park it while none is alive)."""
+        g.seq = self._enqueue_seq
+        self._enqueue_seq += 1
+        live = [w for w in self.workers if w.alive]
+        if not live:
+            g.state, g.worker = GState.QUEUED, -1
+            self.parked.append(g)
+            return
+        w = min(live, key=Worker.load)
+        w.enqueue(g)
+        self._kick(w)
+
+    def _kick(self, w: Worker, force: bool = False) -> None:
+        """After `w` changed: load pending weights when drained, start queued groups, reschedule."""
+        changed = force
+        if w.pending_version is not None and not w.active:
+            self._load(w, w.pending_version)
+            changed = True
+        started = w.start_queued(self.now)
+        if started:
+            changed = True
+            for g in started:
+                self._started(w, g)
+        if changed:
+            w.epoch += 1
+            t = w.next_completion()
+            if t is not None:
+                self._out.append((t, EventKind.COMPLETION, (w.index, w.epoch)))
+
+    def _started(self, w: Worker, g: SimGroup) -> None:
+        self.ledger.start(g.uid, w.version)
+        self._changed = True
+        self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
+        if g.state == GState.DONE:  # nothing to generate
+            self._finished(g, w.version)
+
+    def _finished(self, g: SimGroup, version: int) -> None:
+        last = tuple(g.last_versions) if g.last_versions else (version,)
+        self._changed = self._ask = True
+        self._apply(
+            self.p.on_group_finished(uid=g.uid, versions=g.versions_list(), now=self.now, last_versions=last),
+            "on_group_finished",
+        )
+
+    def _load(self, w: Worker, version: int) -> None:
+        """Weights `version` go onto `w` (partial rollout books in-flight tokens to the old version)."""
+        for g, old, tokens in w.apply_version(self.now, version):
+            self._apply(self.p.on_tokens(uid=g.uid, version=old, tokens=tokens, now=self.now), "on_tokens")
+        self._out.append((w.stall_until, EventKind.SYNC_DONE, (w.index, version, w.life)))
+
+    def _check_synced(self) -> None:
+        live = [w.synced_version for w in self.workers if w.alive]
+        if live and min(live) > self.synced:
+            self.synced = min(live)
+            self._changed = True
+            self._apply(self.p.on_version_synced(version=self.synced, now=self.now), "on_version_synced")
+
+    # ================================================================== handlers
+    def _on_completion(self, payload: tuple[int, int]) -> None:
+        index, epoch = payload
+        w = self.workers[index]
+        if epoch != w.epoch or not w.alive:
+            return  # superseded by a reschedule
+        for g in w.complete(self.now):
+            self._finished(g, w.version)
+        self._kick(w, force=True)
+
+    def _on_sync_done(self, payload: tuple[int, int, int]) -> None:
+        index, version, life = payload
+        w = self.workers[index]
+        if life != w.life or not w.alive:
+            return
+        w.synced_version = max(w.synced_version, version)
+        self._check_synced()
+
+    def _on_step_done(self, step: int) -> None:
+        trainer = self.trainer
+        version = trainer.end(self.now)
+        self._changed = self._ask = True
+        self._apply(self.p.on_step_done(step=step, now=self.now), "on_step_done")
+        live = [w for w in self.workers if w.alive]
+        info = self._step_info
+        duration = self.now - info["start_s"]
+        self.metrics.step_row(
+            step=step, max_staleness_in_batch=info["max_staleness_in_batch"],
+            mean_staleness_in_batch=info["mean_staleness_in_batch"],
+            tokens_per_s=info["tokens"] / max(duration + info["wait_s"], 1e-12), tokens=info["tokens"],
+            start_s=info["start_s"], end_s=self.now, wait_s=info["wait_s"],
+            gen_active=[w.active if w.alive else -1 for w in self.workers],
+            inflight=sum(1 for g in self.groups.values() if g.state <= GState.RUNNING),
+            kv_usage=sum(w.kv_used for w in live) / max(1, sum(w.kv_cap for w in live)),
+        )
+        if trainer.finished:
+            return
+        self.published = version
+        self._apply(self.p.on_version_published(version=version, now=self.now), "on_version_published")
+        for w in live:
+            if self.inflight_sync:
+                self._load(w, version)
+                self._kick(w, force=True)
+            else:
+                w.pending_version = version
+                self._kick(w)
+        queued = sum(1 for g in self.groups.values() if g.state == GState.QUEUED)
+        kv = sum(w.kv_used for w in live) / max(1, sum(w.kv_cap for w in live))
+        self._apply(self.p.on_engine_stats(kv_usage=kv, queued=queued, now=self.now), "on_engine_stats")
+
+    def _on_fault(self, index: int) -> None:
+        w = self.workers[index]
+        if not w.alive:
+            return
+        running, queued = w.kill(self.now)
+        keep = self.faults.prefix_kept
+        lost = []
+        for g, version, tokens in running:
+            if keep and tokens:
+                self._apply(self.p.on_tokens(uid=g.uid, version=version, tokens=tokens, now=self.now), "on_tokens")
+            lost.append(g)
+        lost.extend(queued)
+        for g in lost:
+            if g.state == GState.DROPPED:
+                continue  # dropped by the policy while we reported the fault
+            if not keep:
+                self.metrics.waste(g.generated)
+                g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
+            g.state = GState.LOST
+            self.lost[g.uid] = g
+        self._changed = self._ask = True
+        self._check_synced()
+        for g in lost:
+            if g.state == GState.LOST:
+                self._apply(self.p.on_group_lost(uid=g.uid, prefix_kept=keep, now=self.now), "on_group_lost")
+        if self.cfg.faults.restart_after is not None:
+            self._out.append((self.now + self.cfg.faults.restart_after, EventKind.RESTART, index))
+
+    def _on_restart(self, index: int) -> None:
+        w = self.workers[index]
+        w.revive(self.now, self.published)
+        self._changed = True
+        parked, self.parked = self.parked, []
+        for g in parked:
+            if g.state == GState.QUEUED:
+                self._route(g)
+        self._check_synced()
+        self._kick(w, force=True)
+        nxt = self.faults.next_random(index, self.now)
+        if nxt is not None:
+            self._out.append((nxt[0], EventKind.FAULT, index))
+
+    # ================================================================== summary
+    def _summary(self, deadlock: bool, wall_s: float) -> dict[str, Any]:
+        now = self.now
+        params = getattr(self.policy, "params", None)
+        return self.metrics.summary(
+            policy=self.policy.name,
+            max_staleness=self.ctx.max_staleness,
+            steps=self.trainer.step,
+            groups_admitted=self.admitted,
+            elapsed_s=now,
+            trainer_busy_s=self.trainer.busy_total,
+            generator_busy_s=[w.busy_time(now) for w in self.workers],
+            deadlock=deadlock,
+            wall_s=wall_s,
+            events=self.queue.popped,
+            trainer_wait_s=self.trainer.wait_total,
+            readmissions=self.readmissions,
+            groups_lost=len(self.lost),
+            policy_params=dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
+            workload=workload_params(self.workload),
+            seed=self.seed,
+        )

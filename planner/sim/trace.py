@@ -1,0 +1,80 @@
+"""Workload traces (DESIGN §8): one group a line, `{"prompt_id": P, "lengths": [l1, ..., ln]}`
+with an optional `"prompt_tokens": m`.
+
+A trace records real response lengths (from a serving log or an earlier training run) so that the
+simulator replays them instead of a synthetic distribution. Every malformed line is a `ValueError`
+naming the file and the line, so a bad trace fails before a long sweep starts.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class TraceGroup:
+    prompt_id: int | str
+    lengths: tuple[int, ...]  # response tokens of each trajectory of the group
+    prompt_tokens: int | None = None
+
+
+def _int_list(value: object, where: str, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{where}: '{name}' must be a non-empty list of integers, got {value!r}")
+    out = []
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, int):
+            raise ValueError(f"{where}: '{name}' holds {x!r}: must be integers")
+        if x < 0:
+            raise ValueError(f"{where}: '{name}' holds {x}: lengths must be >= 0")
+        out.append(x)
+    return tuple(out)
+
+
+def parse_trace_line(line: str, where: str) -> TraceGroup:
+    try:
+        obj = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    if "lengths" not in obj:
+        raise ValueError(f"{where}: missing field 'lengths'")
+    if "prompt_id" not in obj:
+        raise ValueError(f"{where}: missing field 'prompt_id'")
+    prompt_tokens = obj.get("prompt_tokens")
+    if prompt_tokens is not None and (isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 0):
+        raise ValueError(f"{where}: 'prompt_tokens'={prompt_tokens!r}: must be an integer >= 0")
+    return TraceGroup(obj["prompt_id"], _int_list(obj["lengths"], where, "lengths"), prompt_tokens)
+
+
+def read_trace(path: str | Path, group_size: int | None = None) -> list[TraceGroup]:
+    """All groups of the trace; with `group_size`, every line must hold exactly that many lengths."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"workload.path={path}: no such file")
+    groups = []
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            g = parse_trace_line(line, where)
+            if group_size is not None and len(g.lengths) != group_size:
+                raise ValueError(f"{where}: 'lengths' has {len(g.lengths)} entries, group_size={group_size}")
+            groups.append(g)
+    if not groups:
+        raise ValueError(f"{path}: the trace holds no groups")
+    return groups
+
+
+def write_trace(path: str | Path, groups: Iterable[TraceGroup]) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        for g in groups:
+            obj: dict[str, object] = {"prompt_id": g.prompt_id, "lengths": list(g.lengths)}
+            if g.prompt_tokens is not None:
+                obj["prompt_tokens"] = g.prompt_tokens
+            fh.write(json.dumps(obj) + "\n")

@@ -1,0 +1,240 @@
+"""One generation worker: continuous batching with a memory-bound decode step (DESIGN §4).
+
+Every decode step advances *all* active sequences by one token and costs `α + β·active`
+seconds (divided by the worker's speed factor). So between two changes of the active set every
+sequence progresses at the same rate, and the worker needs one number, the cumulative decode-step
+counter `counter`: a sequence that joined at counter `c` with `r` tokens to go finishes when the
+counter reaches `c + r`. Finish targets sit in a heap; only the earliest matters, and the next
+completion time is recomputed only when this worker's active set (or stall) changes. This is what
+makes the simulator fast: no per-token events.
+
+Prefill and weight loads *stall* the worker (`stall_until`): its counter does not advance, as on a
+vLLM engine that runs a prefill batch or loads weights between decode steps. Token versions are
+tracked in *segments*: when the worker's version changes, every running group's tokens since the
+last change are booked to the old version (`close_segments`: partial rollout).
+
+Deliberate simplifications: a group starts only as a whole (all n trajectories, one shared
+prefill); its KV reservation is its final footprint (prompt + all responses), released when the
+whole group ends — no paging or preemption; the queue is strict priority order (head-of-line
+blocking, as vLLM's priority scheduler).
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+from planner.sim.config import WorkerConfig
+from planner.sim.group import GState, SimGroup
+
+EPS = 1e-9
+
+
+class Worker:
+    __slots__ = (
+        "index", "speed", "alpha", "beta", "prefill", "t_sync", "max_seqs", "kv_cap",
+        "counter", "t_last", "stall_until", "active", "seqs", "runs", "queue", "kv_used",
+        "version", "synced_version", "pending_version", "alive", "life", "epoch", "busy_since", "busy_total",
+        "_next_token",
+    )
+
+    def __init__(self, index: int, cfg: WorkerConfig) -> None:
+        self.index = index
+        self.speed = cfg.speed(index)
+        self.alpha = cfg.decode_alpha
+        self.beta = cfg.decode_beta
+        self.prefill = cfg.prefill_per_token
+        self.t_sync = cfg.t_sync
+        self.max_seqs = cfg.max_concurrency
+        self.kv_cap = cfg.kv_capacity
+        self.counter = 0.0  # cumulative decode steps
+        self.t_last = 0.0  # time at which `counter` is exact
+        self.stall_until = 0.0  # no decoding before this time (prefill, weight load)
+        self.active = 0  # sequences decoding
+        self.seqs: list[tuple[float, int]] = []  # heap of (finish counter, run token)
+        self.runs: dict[int, SimGroup] = {}  # run token -> running group
+        self.queue: list[tuple[float, int, SimGroup]] = []  # heap of (priority, seq, group)
+        self.kv_used = 0
+        self.version = 0  # weights that tag newly generated tokens
+        self.synced_version = 0  # weights fully loaded (sync finished)
+        self.pending_version: int | None = None  # drain mode: load once in-flight work ends
+        self.alive = True
+        self.life = 0  # bumps when the worker dies: its pending weight loads are void
+        self.epoch = 0  # bumps on every reschedule; older completion events are stale
+        self.busy_since: float | None = None
+        self.busy_total = 0.0  # time with >= 1 active sequence
+        self._next_token = 0
+
+    # ------------------------------------------------------------------ time
+    def advance(self, now: float) -> None:
+        """Bring `counter` to time `now` (the active set has not changed since `t_last`)."""
+        if self.active:
+            start = self.t_last if self.t_last > self.stall_until else self.stall_until
+            if now > start:
+                self.counter += (now - start) * self.speed / (self.alpha + self.beta * self.active)
+        self.t_last = now
+
+    def next_completion(self) -> float | None:
+        """Time the earliest running sequence finishes, or None when nothing decodes."""
+        seqs, runs = self.seqs, self.runs
+        while seqs and seqs[0][1] not in runs:  # sequences of aborted runs
+            heappop(seqs)
+        if not self.active:
+            return None
+        start = self.t_last if self.t_last > self.stall_until else self.stall_until
+        return start + (seqs[0][0] - self.counter) * (self.alpha + self.beta * self.active) / self.speed
+
+    def stall(self, now: float, seconds: float) -> None:
+        self.stall_until = (self.stall_until if self.stall_until > now else now) + seconds
+
+    def _set_active(self, now: float, active: int) -> None:
+        if active and not self.active:
+            self.busy_since = now
+        elif not active and self.active:
+            self.busy_total += now - self.busy_since
+            self.busy_since = None
+        self.active = active
+
+    def busy_time(self, now: float) -> float:
+        return self.busy_total + (now - self.busy_since if self.busy_since is not None else 0.0)
+
+    # ------------------------------------------------------------------ queue
+    def load(self) -> float:
+        """Routing key: sequences running or queued, per unit of speed."""
+        return (self.active + len(self.queue)) / self.speed
+
+    def enqueue(self, group: SimGroup) -> None:
+        group.worker = self.index
+        group.state = GState.QUEUED
+        heappush(self.queue, (group.priority, group.seq, group))
+
+    def start_queued(self, now: float) -> list[SimGroup]:
+        """Start queued groups in priority order while slots and KV allow."""
+        started = []
+        queue = self.queue
+        advanced = False
+        while queue and self.pending_version is None:
+            group = queue[0][2]
+            if group.state != GState.QUEUED or group.worker != self.index:
+                heappop(queue)  # dropped or re-routed while queued
+                continue
+            rem = [l - d for l, d in zip(group.lengths, group.done_tok)]
+            n = sum(1 for r in rem if r > 0)
+            kv = group.prompt_tokens + sum(group.lengths)
+            if self.active and (self.active + n > self.max_seqs or self.kv_used + kv > self.kv_cap):
+                break
+            heappop(queue)
+            if not advanced:
+                self.advance(now)
+                advanced = True
+            self._start(now, group, rem, n, kv)
+            started.append(group)
+        return started
+
+    def _start(self, now: float, group: SimGroup, rem: list[int], n: int, kv: int) -> None:
+        first_run = group.token == -1
+        token = self._next_token
+        self._next_token += 1
+        prefix = sum(group.done_tok)
+        self.stall(now, (group.prompt_tokens + prefix) * self.prefill / self.speed)
+        group.state = GState.RUNNING
+        group.token = token
+        group.rem = rem
+        group.base = group.seg_base = self.counter
+        group.remaining = n
+        for r in rem:
+            if r > 0:
+                heappush(self.seqs, (self.counter + r, token))
+            elif first_run:
+                group.last_versions.append(self.version)  # an empty response: done at once
+        if n == 0:  # nothing to generate (empty responses): done at start
+            group.state = GState.DONE
+            return
+        group.kv = kv
+        self.kv_used += kv
+        self.runs[token] = group
+        self._set_active(now, self.active + n)
+
+    # ------------------------------------------------------------------ progress
+    def complete(self, now: float) -> list[SimGroup]:
+        """The earliest sequence finished (the engine checked the epoch): pop every sequence that is
+        done by now and return the groups whose last trajectory ended."""
+        self.advance(now)
+        seqs, runs = self.seqs, self.runs
+        if self.counter < seqs[0][0]:
+            self.counter = seqs[0][0]  # exact: the event was computed for this target
+        limit = self.counter + EPS
+        finished = []
+        active = self.active
+        version = self.version
+        while seqs and seqs[0][0] <= limit:
+            _, token = heappop(seqs)
+            group = runs.get(token)
+            if group is None:
+                continue
+            active -= 1
+            group.last_versions.append(version)
+            group.remaining -= 1
+            if group.remaining == 0:
+                del runs[token]
+                self.kv_used -= group.kv
+                self._book(group, sum(group.rem))
+                group.state = GState.DONE
+                finished.append(group)
+        self._set_active(now, active)
+        return finished
+
+    def _book(self, group: SimGroup, run_tokens: int) -> int:
+        """Book the run's tokens since the segment start to the current version; returns them."""
+        tokens = run_tokens - group.run_tokens(group.seg_base)
+        if tokens:
+            group.versions[self.version] = group.versions.get(self.version, 0) + tokens
+        group.seg_base = self.counter
+        return tokens
+
+    def apply_version(self, now: float, version: int) -> list[tuple[SimGroup, int, int]]:
+        """Load weights `version`: book in-flight tokens to the old version, then stall t_sync.
+        Returns (group, old version, tokens) for every running group that generated tokens."""
+        self.advance(now)
+        booked = []
+        old = self.version
+        for group in self.runs.values():
+            tokens = self._book(group, group.run_tokens(self.counter))
+            if tokens:
+                booked.append((group, old, tokens))
+        self.version = version
+        self.pending_version = None
+        self.stall(now, self.t_sync)
+        return booked
+
+    def abort(self, now: float, group: SimGroup) -> int:
+        """Stop a running group; its tokens so far are booked (the caller decides if they are wasted).
+        Returns the tokens booked to the current version."""
+        self.advance(now)
+        booked = self._book(group, group.run_tokens(self.counter))
+        for i, r in enumerate(group.rem):
+            group.done_tok[i] += min(r, max(0, int(self.counter - group.base + EPS)))
+        del self.runs[group.token]
+        self.kv_used -= group.kv
+        self._set_active(now, self.active - group.remaining)
+        group.remaining = 0
+        return booked
+
+    def kill(self, now: float) -> tuple[list[tuple[SimGroup, int, int]], list[SimGroup]]:
+        """The worker dies: returns ((group, version, tokens booked) of running groups, queued groups)."""
+        running = []
+        for group in sorted(self.runs.values(), key=lambda g: g.token):
+            running.append((group, self.version, self.abort(now, group)))
+        queued = [g for _, _, g in sorted(self.queue) if g.state == GState.QUEUED and g.worker == self.index]
+        self.queue.clear()
+        self.seqs.clear()
+        self.alive = False
+        self.life += 1
+        self.pending_version = None
+        self.epoch += 1
+        return running, queued
+
+    def revive(self, now: float, version: int) -> None:
+        """A restarted worker loads the newest weights before it decodes."""
+        self.alive = True
+        self.version = self.synced_version = version
+        self.stall(now, self.t_sync)

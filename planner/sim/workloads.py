@@ -1,0 +1,204 @@
+"""Response-length workloads: how long each trajectory of each group is (DESIGN §4).
+
+A workload draws, vectorized, a block of groups: prompt ids, prompt lengths and an `[G, n]` array
+of response lengths. Every synthetic workload multiplies a per-prompt *difficulty* factor
+(lognormal, `prompt_sigma`) into all n lengths of a group, so a group's lengths correlate the way
+GRPO groups do (a hard prompt makes every sample long), and clips at `max_tokens`, which puts a
+point mass at the limit: the truncated responses.
+
+To add a workload: subclass `Workload` with a frozen `Params` dataclass, implement `sample`,
+decorate it with `@register`, and add `conf/workload/<name>.yaml` with `name: <name>`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+from planner.sim.config import build
+from planner.sim.trace import read_trace
+
+
+@dataclass(frozen=True, slots=True)
+class GroupDraws:
+    """A block of G groups from the data stream."""
+
+    prompt_ids: list[int | str]  # [G]
+    prompt_tokens: np.ndarray  # [G] int64
+    lengths: np.ndarray  # [G, n] int64 response tokens per trajectory
+
+
+class Workload(ABC):
+    name: ClassVar[str]
+    Params: ClassVar[type]
+
+    def __init__(self, params: Any, group_size: int) -> None:
+        self.params = params
+        self.group_size = group_size
+        self._next_prompt = 0
+
+    @abstractmethod
+    def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws: ...
+
+    def _prompt_ids(self, num_groups: int) -> list[int | str]:
+        first = self._next_prompt
+        self._next_prompt += num_groups
+        return list(range(first, first + num_groups))
+
+    def _finish(self, rng: np.random.Generator, raw: np.ndarray, max_tokens: int, prompt_tokens: int) -> GroupDraws:
+        """Scale by prompt difficulty, round up and clip to [1, max_tokens]."""
+        g = raw.shape[0]
+        difficulty = rng.lognormal(0.0, self.params.prompt_sigma, size=(g, 1))
+        lengths = np.clip(np.ceil(raw * difficulty), 1, max_tokens).astype(np.int64)
+        return GroupDraws(self._prompt_ids(g), np.full(g, prompt_tokens, dtype=np.int64), lengths)
+
+
+def _check(prefix: str, **rules: tuple[float, float | None]) -> None:
+    """rules: name -> (value, lower bound exclusive or None for >= 0)."""
+    for name, (value, low) in rules.items():
+        if low is None and value < 0:
+            raise ValueError(f"{prefix}.{name}={value}: must be >= 0")
+        if low is not None and value <= low:
+            raise ValueError(f"{prefix}.{name}={value}: must be > {low}")
+
+
+WORKLOADS: dict[str, type[Workload]] = {}
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    if cls.name in WORKLOADS:
+        raise ValueError(f"workload '{cls.name}' registered twice")
+    WORKLOADS[cls.name] = cls
+    return cls
+
+
+@dataclass(frozen=True)
+class LognormalParams:
+    mu: float = 6.0  # log-median response length (e^6 ≈ 400 tokens)
+    sigma: float = 0.6  # spread within a group
+    prompt_sigma: float = 0.5  # spread of the per-prompt difficulty factor (group correlation)
+    max_tokens: int = 4096  # truncation limit: lengths are clipped here
+    prompt_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        _check("workload", sigma=(self.sigma, None), prompt_sigma=(self.prompt_sigma, None),
+               max_tokens=(self.max_tokens, 0), prompt_tokens=(self.prompt_tokens, None))
+
+
+@register
+class Lognormal(Workload):
+    name = "lognormal"
+    Params = LognormalParams
+
+    def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws:
+        p = self.params
+        raw = rng.lognormal(p.mu, p.sigma, size=(num_groups, self.group_size))
+        return self._finish(rng, raw, p.max_tokens, p.prompt_tokens)
+
+
+@dataclass(frozen=True)
+class BimodalParams:
+    short_mean: float = 300.0  # median length of an easy prompt's responses
+    long_mean: float = 2500.0  # median length of a hard prompt's responses
+    p_long: float = 0.2  # fraction of hard prompts (the whole group is long)
+    sigma: float = 0.3
+    prompt_sigma: float = 0.2
+    max_tokens: int = 4096
+    prompt_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        _check("workload", short_mean=(self.short_mean, 0), long_mean=(self.long_mean, 0),
+               sigma=(self.sigma, None), prompt_sigma=(self.prompt_sigma, None),
+               max_tokens=(self.max_tokens, 0), prompt_tokens=(self.prompt_tokens, None))
+        if not 0 <= self.p_long <= 1:
+            raise ValueError(f"workload.p_long={self.p_long}: must be in [0, 1]")
+
+
+@register
+class Bimodal(Workload):
+    name = "bimodal"
+    Params = BimodalParams
+
+    def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws:
+        p = self.params
+        hard = rng.random((num_groups, 1)) < p.p_long
+        mu = np.where(hard, np.log(p.long_mean), np.log(p.short_mean))
+        raw = np.exp(mu + p.sigma * rng.standard_normal((num_groups, self.group_size)))
+        return self._finish(rng, raw, p.max_tokens, p.prompt_tokens)
+
+
+@dataclass(frozen=True)
+class HeavyTailParams:
+    scale: float = 200.0  # Pareto (type I) minimum length
+    alpha: float = 1.5  # tail index: smaller = heavier tail
+    prompt_sigma: float = 0.3
+    max_tokens: int = 8192
+    prompt_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        _check("workload", scale=(self.scale, 0), alpha=(self.alpha, 0), prompt_sigma=(self.prompt_sigma, None),
+               max_tokens=(self.max_tokens, 0), prompt_tokens=(self.prompt_tokens, None))
+
+
+@register
+class HeavyTail(Workload):
+    name = "heavy_tail"
+    Params = HeavyTailParams
+
+    def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws:
+        p = self.params
+        raw = p.scale * (1.0 + rng.pareto(p.alpha, size=(num_groups, self.group_size)))
+        return self._finish(rng, raw, p.max_tokens, p.prompt_tokens)
+
+
+@dataclass(frozen=True)
+class TraceParams:
+    path: str = ""  # JSONL trace (DESIGN §8); cycled when the run needs more groups
+    prompt_tokens: int = 256  # for lines without "prompt_tokens"
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("workload.path: required for workload=trace (a JSONL trace file)")
+        _check("workload", prompt_tokens=(self.prompt_tokens, None))
+
+
+@register
+class Trace(Workload):
+    """Replays a trace in file order, cycling; the random generator is not used."""
+
+    name = "trace"
+    Params = TraceParams
+
+    def __init__(self, params: TraceParams, group_size: int) -> None:
+        super().__init__(params, group_size)
+        groups = read_trace(params.path, group_size)
+        self._prompt_ids_all = [g.prompt_id for g in groups]
+        self._prompt_tokens = np.array(
+            [params.prompt_tokens if g.prompt_tokens is None else g.prompt_tokens for g in groups], dtype=np.int64
+        )
+        self._lengths = np.array([g.lengths for g in groups], dtype=np.int64)
+        self._pos = 0
+
+    def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws:
+        idx = (self._pos + np.arange(num_groups)) % len(self._lengths)
+        self._pos = int((self._pos + num_groups) % len(self._lengths))
+        return GroupDraws([self._prompt_ids_all[i] for i in idx.tolist()], self._prompt_tokens[idx], self._lengths[idx])
+
+
+def make_workload(values: Mapping[str, Any], group_size: int) -> Workload:
+    """Build from a `conf/workload/*.yaml` mapping: `name` picks the class, the rest are its params."""
+    values = dict(values)
+    name = values.pop("name", None)
+    if name not in WORKLOADS:
+        raise ValueError(f"workload={name}: unknown workload (known: {', '.join(sorted(WORKLOADS))})")
+    cls = WORKLOADS[name]
+    return cls(build(cls.Params, values, "workload"), group_size)
+
+
+def workload_params(workload: Workload) -> dict[str, Any]:
+    return {"name": workload.name, **dataclasses.asdict(workload.params)}
