@@ -243,8 +243,7 @@ def test_nemo_windowed_aborts_before_sync_and_evicts_done_groups_below_the_windo
         assert d.train_step() == [fresh]
     # publishing v2 aborts the v0 starts still generating (2 − 1 > 0)
     assert d.dropped == {uid: "nemo_abort_inflight" for uid in v0[:-1]}
-    slow_v1 = next(u for u in d.running if d.start_versions[u] == 1)
-    fresh = next(u for u in d.running if d.start_versions[u] == 2)
+    fresh, slow_v1 = [u for u in d.running if d.start_versions[u] == 1][:2]  # started before v2 synced
     d.finish(fresh)
     d.finish(slow_v1)  # done behind `fresh`: not taken at step 2
     assert d.train_step() == [fresh]
