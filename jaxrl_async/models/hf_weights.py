@@ -102,7 +102,7 @@ def to_hf_state_dict(model_or_state, cfg: ModelConfig) -> dict[str, np.ndarray]:
     """HF tensor name -> numpy array (the model's dtype; bfloat16 as ml_dtypes.bfloat16)."""
     out = {}
     for path, var in _param_vars(model_or_state).items():
-        value = np.asarray(jax.device_get(var.value))
+        value = np.asarray(jax.device_get(var.get_value()))
         names = _hf_names(cfg, path)
         for i, (name, layout) in enumerate(names):
             per_layer = value[i] if path.startswith("layers/") else value
@@ -117,7 +117,7 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, np.ndarray]) ->
     expected: dict[str, tuple[str, int | None, str, tuple[int, ...]]] = {}
     for path, var in params.items():
         stacked = path.startswith("layers/")
-        shape = var.value.shape[1:] if stacked else var.value.shape
+        shape = var.get_value().shape[1:] if stacked else var.get_value().shape
         for i, (name, layout) in enumerate(_hf_names(cfg, path)):
             expected[name] = (path, i if stacked else None, layout, shape)
     ignorable = {"lm_head.weight"} if cfg.tie_word_embeddings else set()
@@ -134,10 +134,10 @@ def load_hf_state_dict(model: Transformer, tensors: Mapping[str, np.ndarray]) ->
             raise ValueError(f"tensor {name}: shape {got} in the checkpoint, the model expects {want}")
     for path, var in params.items():
         names = _hf_names(cfg, path)
-        shape = var.value.shape[1:] if path.startswith("layers/") else var.value.shape
+        shape = var.get_value().shape[1:] if path.startswith("layers/") else var.get_value().shape
         arrays = [_from_hf(np.asarray(tensors[n]), layout, shape) for n, layout in names]
         value = np.stack(arrays) if path.startswith("layers/") else arrays[0]
-        var.value = jnp.asarray(value, dtype=var.value.dtype)
+        var.set_value(jnp.asarray(value, dtype=var.get_value().dtype))
 
 
 def _arch(cfg: ModelConfig) -> str:

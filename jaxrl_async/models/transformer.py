@@ -18,6 +18,7 @@ Deliberately left out: sliding-window attention, MoE, attention/logit soft-cappi
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import flax
 import jax
@@ -214,45 +215,73 @@ def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: 
 # --------------------------------------------------------------------------------- model
 
 
-def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...], dtype,
-           init: str = "normal") -> nnx.Param:
-    """A parameter with its logical axes declared next to its shape."""
-    assert len(shape) == len(axes), (shape, axes)
-    if init == "ones":
-        value = jnp.ones(shape, dtype)
-    elif init == "zeros":
-        value = jnp.zeros(shape, dtype)
-    else:  # HF's initializer_range
-        value = (0.02 * jax.random.normal(rngs.params(), shape, jnp.float32)).astype(dtype)
-    return nnx.Param(value, logical_axes=axes)
+def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str | None, ...], str]]:
+    """Every parameter, declared once: path -> (shape, logical axes, init).
+
+    Paths under `layers/` are stacked over a leading `layers` axis. Init follows HF
+    (normal(0.02) weights, unit norms, zero biases).
+    """
+    L, E, H, K, D, F, V = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
+                           cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+    specs = {
+        "embed": ((V, E), (VOCAB, EMBED), "normal"),
+        "layers/attn_norm": ((L, E), (LAYERS, None), "ones"),
+        "layers/wq": ((L, E, H, D), (LAYERS, EMBED, HEADS, HEAD_DIM), "normal"),
+        "layers/wk": ((L, E, K, D), (LAYERS, EMBED, KV_HEADS, HEAD_DIM), "normal"),
+        "layers/wv": ((L, E, K, D), (LAYERS, EMBED, KV_HEADS, HEAD_DIM), "normal"),
+        "layers/wo": ((L, H, D, E), (LAYERS, HEADS, HEAD_DIM, EMBED), "normal"),
+    }
+    if cfg.attention_bias:
+        specs["layers/bq"] = ((L, H, D), (LAYERS, HEADS, HEAD_DIM), "zeros")
+        specs["layers/bk"] = ((L, K, D), (LAYERS, KV_HEADS, HEAD_DIM), "zeros")
+        specs["layers/bv"] = ((L, K, D), (LAYERS, KV_HEADS, HEAD_DIM), "zeros")
+    if cfg.qk_norm:
+        specs["layers/q_norm"] = ((L, D), (LAYERS, None), "ones")
+        specs["layers/k_norm"] = ((L, D), (LAYERS, None), "ones")
+    specs.update({
+        "layers/mlp_norm": ((L, E), (LAYERS, None), "ones"),
+        "layers/w_gate": ((L, E, F), (LAYERS, EMBED, MLP), "normal"),
+        "layers/w_up": ((L, E, F), (LAYERS, EMBED, MLP), "normal"),
+        "layers/w_down": ((L, F, E), (LAYERS, MLP, EMBED), "normal"),
+        "final_norm": ((E,), (None,), "ones"),
+    })
+    if not cfg.tie_word_embeddings:
+        specs["lm_head"] = ((E, V), (EMBED, VOCAB), "normal")
+    return specs
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _init_values(key: jax.Array, shapes_inits: tuple, dtype) -> tuple[jax.Array, ...]:
+    # One jitted call for all parameters: eager jax.random would compile per op and shape.
+    keys = jax.random.split(key, len(shapes_inits))
+    out = []
+    for k, (shape, init) in zip(keys, shapes_inits):
+        if init == "ones":
+            out.append(jnp.ones(shape, dtype))
+        elif init == "zeros":
+            out.append(jnp.zeros(shape, dtype))
+        else:
+            out.append((0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+    return tuple(out)
+
+
+def _init_params(cfg: ModelConfig, rngs: nnx.Rngs) -> dict[str, nnx.Param]:
+    specs = param_specs(cfg)
+    values = _init_values(rngs.params(), tuple((sh, init) for sh, _, init in specs.values()),
+                          _dtype(cfg))
+    return {path: nnx.Param(value, logical_axes=axes)
+            for (path, (_, axes, _)), value in zip(specs.items(), values)}
 
 
 class DecoderLayers(nnx.Module):
     """Parameters of all layers, stacked on a leading `layers` axis (scanned by Transformer)."""
 
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        L, E, H, K, D, F = (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads,
-                            cfg.head_dim, cfg.intermediate_size)
-        dt = _dtype(cfg)
-        self.attn_norm = _param(rngs, (L, E), (LAYERS, None), dt, "ones")
-        self.wq = _param(rngs, (L, E, H, D), (LAYERS, EMBED, HEADS, HEAD_DIM), dt)
-        self.wk = _param(rngs, (L, E, K, D), (LAYERS, EMBED, KV_HEADS, HEAD_DIM), dt)
-        self.wv = _param(rngs, (L, E, K, D), (LAYERS, EMBED, KV_HEADS, HEAD_DIM), dt)
-        self.wo = _param(rngs, (L, H, D, E), (LAYERS, HEADS, HEAD_DIM, EMBED), dt)
-        if cfg.attention_bias:
-            self.bq = _param(rngs, (L, H, D), (LAYERS, HEADS, HEAD_DIM), dt, "zeros")
-            self.bk = _param(rngs, (L, K, D), (LAYERS, KV_HEADS, HEAD_DIM), dt, "zeros")
-            self.bv = _param(rngs, (L, K, D), (LAYERS, KV_HEADS, HEAD_DIM), dt, "zeros")
-        if cfg.qk_norm:
-            self.q_norm = _param(rngs, (L, D), (LAYERS, None), dt, "ones")
-            self.k_norm = _param(rngs, (L, D), (LAYERS, None), dt, "ones")
-        self.mlp_norm = _param(rngs, (L, E), (LAYERS, None), dt, "ones")
-        self.w_gate = _param(rngs, (L, E, F), (LAYERS, EMBED, MLP), dt)
-        self.w_up = _param(rngs, (L, E, F), (LAYERS, EMBED, MLP), dt)
-        self.w_down = _param(rngs, (L, F, E), (LAYERS, MLP, EMBED), dt)
+    def __init__(self, params: dict[str, nnx.Param]):
+        for name, param in params.items():
+            setattr(self, name, param)
 
     def stacked(self) -> dict[str, jax.Array]:
-        return {name: var.value for name, var in vars(self).items() if isinstance(var, nnx.Param)}
+        return {name: var.get_value() for name, var in vars(self).items() if isinstance(var, nnx.Param)}
 
 
 class Transformer(nnx.Module):
@@ -260,12 +289,13 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        dt = _dtype(cfg)
-        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), (VOCAB, EMBED), dt)
-        self.layers = DecoderLayers(cfg, rngs=rngs)
-        self.final_norm = _param(rngs, (cfg.hidden_size,), (None,), dt, "ones")
+        params = _init_params(cfg, rngs)
+        self.embed = params["embed"]
+        self.layers = DecoderLayers({path.split("/", 1)[1]: p for path, p in params.items()
+                                     if path.startswith("layers/")})
+        self.final_norm = params["final_norm"]
         if not cfg.tie_word_embeddings:
-            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), (EMBED, VOCAB), dt)
+            self.lm_head = params["lm_head"]
 
     def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
                  ) -> tuple[jax.Array, KVCache | None]:
@@ -277,7 +307,7 @@ class Transformer(nnx.Module):
         engine prefill a right-padded prompt bucket and then decode one token at a time.
         """
         cfg = self.cfg
-        x = self.embed.value[tokens]  # [B, T, E]
+        x = self.embed[...][tokens]  # [B, T, E]
         cos, sin = rope_cos_sin(cfg, positions)  # [B, T, D]
 
         def layer(x, xs):
@@ -288,12 +318,12 @@ class Transformer(nnx.Module):
         xs = (self.layers.stacked(),
               None if cache is None else cache.k, None if cache is None else cache.v)
         x, (new_k, new_v) = jax.lax.scan(layer, x, xs)
-        x = rms_norm(x, self.final_norm.value, cfg.rms_norm_eps)
+        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
         if cfg.tie_word_embeddings:
-            logits = jnp.einsum("bte,ve->btv", x, self.embed.value,
+            logits = jnp.einsum("bte,ve->btv", x, self.embed[...],
                                 preferred_element_type=jnp.float32)
         else:
-            logits = jnp.einsum("bte,ev->btv", x, self.lm_head.value,
+            logits = jnp.einsum("bte,ev->btv", x, self.lm_head[...],
                                 preferred_element_type=jnp.float32)
         new_cache = None if cache is None else KVCache(k=new_k, v=new_v)
         return logits.astype(jnp.float32), new_cache
