@@ -18,4 +18,4 @@ from planner.policies import (  # noqa: F401
     verl,
 )
 
-# from planner.policies import lookahead  # noqa: F401
+from planner.policies import lookahead  # noqa: F401
