@@ -252,16 +252,19 @@ def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str 
 
 @partial(jax.jit, static_argnums=(1, 2))
 def _init_values(key: jax.Array, shapes_inits: tuple, dtype) -> tuple[jax.Array, ...]:
-    # One jitted call for all parameters: eager jax.random would compile per op and shape.
-    keys = jax.random.split(key, len(shapes_inits))
-    out = []
-    for k, (shape, init) in zip(keys, shapes_inits):
+    # One jitted call and one random draw for all weights: eager jax.random compiles per op and
+    # shape, and one threefry per tensor makes compilation slow.
+    sizes = [math.prod(shape) if init == "normal" else 0 for shape, init in shapes_inits]
+    flat = 0.02 * jax.random.normal(key, (sum(sizes),), jnp.float32)
+    out, offset = [], 0
+    for (shape, init), size in zip(shapes_inits, sizes):
         if init == "ones":
             out.append(jnp.ones(shape, dtype))
         elif init == "zeros":
             out.append(jnp.zeros(shape, dtype))
         else:
-            out.append((0.02 * jax.random.normal(k, shape, jnp.float32)).astype(dtype))
+            out.append(flat[offset:offset + size].reshape(shape).astype(dtype))
+        offset += size
     return tuple(out)
 
 

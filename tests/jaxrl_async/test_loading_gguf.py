@@ -1,0 +1,127 @@
+"""GGUF loading: dequantization, llama.cpp's q/k row permutation, tokenizer from metadata, errors.
+
+The files are written here with the `gguf` package's own writer and quantizer, the way llama.cpp's
+converter writes them (q/k rows permuted for Llama).
+"""
+
+import gguf
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as Q
+
+from jaxrl_async.models import ModelConfig
+from jaxrl_async.models.hf_weights import to_hf_state_dict
+from jaxrl_async.models.loading import build_model, load_model
+from jaxrl_async.tokenizer import tiny_tokenizer
+
+_HF_TO_GGUF = {
+    "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight":
+    "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+}
+# One quantization per kind of tensor, so every supported type is exercised.
+_QUANT = {"attn_q.weight": Q.Q8_0, "attn_k.weight": Q.Q4_0, "attn_v.weight": Q.Q4_1,
+          "attn_output.weight": Q.BF16, "ffn_gate.weight": Q.F16, "ffn_up.weight": Q.Q8_0,
+          "ffn_down.weight": Q.Q4_1, "token_embd.weight": Q.Q8_0, "output.weight": Q.F16}
+
+
+def _permute(w, heads):
+    """llama.cpp convert_hf_to_gguf's `permute` of q/k rows."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _write_gguf(path, cfg, tensors, *, override_type=None):
+    """Write `tensors` (HF names) as a llama GGUF; returns the HF tensors as dequantized."""
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_block_count(cfg.num_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_heads)
+    w.add_head_count_kv(cfg.num_kv_heads)
+    w.add_rope_freq_base(cfg.rope_theta)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_vocab_size(cfg.vocab_size)
+    tok = tiny_tokenizer()
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list([tok.id_to_token(i) for i in range(tok.vocab_size)])
+    w.add_token_types([1] * 256 + [3] * (tok.vocab_size - 256))
+    w.add_token_merges([])
+    w.add_bos_token_id(tok.bos_token_id)
+    w.add_eos_token_id(tok.eos_token_ids[1])
+    w.add_chat_template(tok.chat_template)
+    expected = {}
+    for name, value in tensors.items():
+        value = np.asarray(value, np.float32)
+        if name.startswith("model.layers."):
+            _, _, i, rest = name.split(".", 3)
+            gname = f"blk.{i}.{_HF_TO_GGUF[rest]}"
+            short = _HF_TO_GGUF[rest]
+        else:
+            gname = {"model.embed_tokens.weight": "token_embd.weight",
+                     "model.norm.weight": "output_norm.weight", "lm_head.weight": "output.weight"}[name]
+            short = gname
+        qtype = (override_type or {}).get(gname, _QUANT.get(short, Q.F32))
+        stored = value
+        if short == "attn_q.weight":
+            stored = _permute(value, cfg.num_heads)
+        elif short == "attn_k.weight":
+            stored = _permute(value, cfg.num_kv_heads)
+        if qtype == Q.I32:
+            w.add_tensor(gname, stored.astype(np.int32))
+            continue
+        data = gguf.quants.quantize(stored, qtype)
+        w.add_tensor(gname, data, raw_shape=data.shape if qtype in (Q.F32, Q.F16) else None,
+                     raw_dtype=qtype)
+        expected[name] = gguf.quants.dequantize(gguf.quants.quantize(value, qtype), qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return expected
+
+
+@pytest.fixture(scope="module")
+def source():
+    cfg = ModelConfig.tiny(hidden_size=64, intermediate_size=128, rope_theta=50000.0)
+    return cfg, to_hf_state_dict(build_model(cfg, seed=5), cfg)
+
+
+def test_gguf_loads_dequantized_unpermuted_weights_and_its_tokenizer(source, tmp_path):
+    cfg, tensors = source
+    expected = _write_gguf(tmp_path / "m.gguf", cfg, tensors)
+    loaded = load_model(str(tmp_path / "m.gguf"))
+    # GGUF keeps eps as float32; eos comes from the file (<|im_end|> here)
+    assert loaded.cfg.rms_norm_eps == pytest.approx(cfg.rms_norm_eps)
+    assert loaded.cfg.replace(eos_token_ids=cfg.eos_token_ids, rms_norm_eps=cfg.rms_norm_eps) == cfg
+    got = to_hf_state_dict(loaded.model, loaded.cfg)
+    assert sorted(got) == sorted(expected)
+    for name, want in expected.items():
+        np.testing.assert_allclose(got[name], want, rtol=0, atol=0, err_msg=name)
+    # quantization error is small, so the permutation was undone (not just the shape)
+    q = "model.layers.0.self_attn.k_proj.weight"
+    assert np.abs(got[q] - tensors[q]).max() < 0.25 * np.abs(tensors[q]).max()
+    text = "héllo <|im_end|>"
+    assert loaded.tokenizer.encode(text) == tiny_tokenizer().encode(text)
+    assert loaded.cfg.eos_token_ids == (tiny_tokenizer().eos_token_ids[1],)
+    assert loaded.chat_template == tiny_tokenizer().chat_template
+
+
+def test_unsupported_gguf_quantization_and_architecture_are_named(source, tmp_path):
+    cfg, tensors = source
+    _write_gguf(tmp_path / "i32.gguf", cfg, tensors,
+                override_type={"blk.1.ffn_norm.weight": Q.I32})
+    with pytest.raises(ValueError, match="GGUF tensor blk.1.ffn_norm.weight: quantization I32 is "
+                                         "not supported"):
+        load_model(str(tmp_path / "i32.gguf"))
+    w = gguf.GGUFWriter(str(tmp_path / "gpt2.gguf"), "gpt2")
+    w.add_tensor("token_embd.weight", np.zeros((4, 32), np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match="unsupported GGUF architecture general.architecture='gpt2'"):
+        load_model(str(tmp_path / "gpt2.gguf"))

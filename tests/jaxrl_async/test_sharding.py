@@ -1,0 +1,72 @@
+"""Shardings derived from the parameters' logical axes; sharded forward == unsharded forward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import PartitionSpec as P
+
+from jaxrl_async.models import ModelConfig, Transformer, init_cache
+from jaxrl_async.sharding import (batch_sharding, cache_shardings, logical_to_spec, make_mesh,
+                                  param_shardings, shard_model)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = ModelConfig.tiny()
+    graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
+
+    @jax.jit
+    def fwd(state, tokens, positions, cache):
+        return nnx.merge(graphdef, state)(tokens, positions, cache)
+
+    tokens = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size, (4, 8)), jnp.int32)
+    positions = jnp.broadcast_to(jnp.arange(8), (4, 8))
+    return cfg, state, fwd, tokens, positions
+
+
+@pytest.mark.parametrize("shape", [{"fsdp": 2, "tensor": 2}, {"data": 4}])
+def test_sharded_forward_with_cache_equals_the_unsharded_one(tiny, shape):
+    cfg, state, fwd, tokens, positions = tiny
+    ref, ref_cache = fwd(state, tokens, positions, init_cache(cfg, 4, 8))
+    mesh = make_mesh(**shape)
+    sharded = shard_model(state, mesh)
+    cache = init_cache(cfg, 4, 8)
+    cache = jax.device_put(cache, cache_shardings(cache, mesh))
+    out, new_cache = fwd(sharded, jax.device_put(tokens, batch_sharding(mesh)),
+                         jax.device_put(positions, batch_sharding(mesh)), cache)
+    np.testing.assert_allclose(out, ref, atol=1e-5)
+    np.testing.assert_allclose(new_cache.k, ref_cache.k, atol=1e-5)
+    if shape.get("tensor"):
+        assert sharded["layers"]["wq"].get_value().sharding.spec == P(None, "fsdp", "tensor", None)
+        assert sharded["embed"].get_value().sharding.spec == P("tensor", "fsdp")
+
+
+def test_shard_model_places_a_module_in_place_and_param_shardings_keeps_the_tree():
+    cfg = ModelConfig.tiny(num_kv_heads=1)
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    mesh = make_mesh(fsdp=2, tensor=2)
+    shardings = param_shardings(nnx.state(model), mesh)
+    assert jax.tree.structure(shardings) == jax.tree.structure(nnx.state(model))
+    # one KV head cannot be split over tensor=2: replicated rather than rejected
+    assert shardings["layers"]["wk"].get_value().spec == P(None, "fsdp", None, None)
+    assert shard_model(model, mesh) is model
+    assert model.layers.w_up.get_value().sharding.spec == P(None, "fsdp", "tensor")
+
+
+def test_two_logical_axes_on_one_mesh_axis_are_refused():
+    mesh = make_mesh(fsdp=2, tensor=2)
+    rules = {"vocab": "tensor", "embed": "tensor"}
+    with pytest.raises(ValueError, match="'vocab' and 'embed' .* both map to mesh axis 'tensor'"):
+        logical_to_spec(("vocab", "embed"), (8, 8), mesh, rules)
+    with pytest.raises(ValueError, match="logical axis 'rows' has no sharding rule"):
+        logical_to_spec(("rows",), (8,), mesh)
+
+
+def test_make_mesh_checks_the_device_count():
+    assert make_mesh(data=2, tensor=2).shape == {"data": 2, "fsdp": 1, "tensor": 2}
+    with pytest.raises(ValueError, match="needs 8 devices, 4 available"):
+        make_mesh(data=2, fsdp=2, tensor=2)
+    with pytest.raises(ValueError, match="make_mesh fsdp=0"):
+        make_mesh(fsdp=0)
