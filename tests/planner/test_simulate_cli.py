@@ -1,0 +1,102 @@
+"""`python -m planner.simulate` and `python -m planner.compare` end to end (subprocesses: real Hydra)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from planner.audit import audit
+from planner.sim.metrics import SUMMARY_KEYS
+from planner.simulate import SimulateConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def conf(tmp_path):
+    """A policy config dir, so the tests do not depend on which conf/policy files exist yet."""
+    (tmp_path / "conf" / "policy").mkdir(parents=True)
+    (tmp_path / "conf" / "policy" / "nemo_in_order.yaml").write_text("name: nemo_in_order\n")
+    return tmp_path / "conf"
+
+
+def cli(module, *args, conf=None):
+    extra = ["--config-dir", str(conf)] if conf and module == "planner.simulate" else []
+    return subprocess.run([sys.executable, "-m", module, *extra, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.slow
+def test_simulate_writes_the_contract_files_into_the_run_dir(tmp_path, conf):
+    run = tmp_path / "run"
+    p = cli("planner.simulate", "policy=nemo_in_order", "max_staleness=1", "batch_groups=4", "group_size=4",
+            "steps=10", "seed=3", "sim=uneven", f"hydra.run.dir={run}", conf=conf)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
+    assert summary["policy"] == "nemo_in_order" and summary["steps"] == 10 and summary["max_staleness"] == 1
+    assert audit(run).ok
+    for name in ("ledger.jsonl", "metrics.jsonl", "staleness_hist.png", "utilisation.png"):
+        assert (run / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_simulate_multirun_sweeps_staleness(tmp_path, conf):
+    p = cli("planner.simulate", "-m", "policy=nemo_in_order", "max_staleness=1,2", "steps=5", "batch_groups=4",
+            f"hydra.sweep.dir={tmp_path / 'sweep'}", conf=conf)
+    assert p.returncode == 0, p.stderr
+    etas = sorted(json.loads(f.read_text())["max_staleness"] for f in (tmp_path / "sweep").glob("*/summary.json"))
+    assert etas == [1, 2]
+
+
+@pytest.mark.parametrize(
+    ("arg", "message"),
+    [
+        ("max_staleness=-1", "error: max_staleness=-1: must be >= 0"),
+        ("batch_groups=0", "error: batch_groups=0: must be a positive integer"),
+        ("policy=no_such_policy", "error: policy=no_such_policy: unknown policy"),
+    ],
+)
+def test_simulate_rejects_bad_input_with_one_line_and_exit_1(tmp_path, conf, arg, message):
+    p = cli("planner.simulate", "policy=nemo_in_order", arg, f"hydra.run.dir={tmp_path}", conf=conf)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(message), p.stderr
+
+
+def base_config(**over):
+    cfg = {"policy": {"name": "nemo_in_order"}, "max_staleness": 2, "batch_groups": 4, "group_size": 2, "steps": 3,
+           "seed": 0, "workload": {"name": "lognormal"}, "sim": {}}
+    cfg.update(over)
+    return cfg
+
+
+@pytest.mark.parametrize(
+    ("over", "message"),
+    [
+        ({"stepz": 3}, "stepz: unknown key"),
+        ({"group_size": 1.5}, "group_size=1.5: must be an integer"),
+        ({"policy": {"name": "nemo_in_order", "nope": 1}}, "policy.nope: unknown parameter"),
+        ({"sim": {"workers": {"sync_mode": "later"}}}, "sim.workers.sync_mode='later'"),
+        ({"workload": {"name": "lognormal", "mu": 6, "extra": 1}}, "workload.extra: unknown key"),
+    ],
+)
+def test_the_typed_config_rejects_unknown_keys_and_bad_values(over, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        SimulateConfig.from_mapping(base_config(**over))
+
+
+@pytest.mark.slow
+def test_compare_writes_table_csv_and_plots_in_one_command(tmp_path, conf):
+    out = tmp_path / "cmp"
+    p = cli("planner.compare", "policies=[nemo_in_order]", "etas=[1,2]", "workloads=[lognormal,bimodal]",
+            "reference_policy=nemo_in_order", "gantt_policy=nemo_in_order", f"out={out}", "steps=6", "batch_groups=4",
+            f"hydra.searchpath=[file://{conf}]")
+    assert p.returncode == 0, p.stderr
+    assert (out / "results.md").read_text().count("| nemo_in_order |") == 4
+    lines = (out / "results.csv").read_text().splitlines()
+    assert lines[0].startswith("workload,policy,eta,steps_per_hour,unbounded_ceiling,no_drop_bound") and len(lines) == 5
+    for wl in ("lognormal", "bimodal"):
+        for f in ("throughput_vs_eta", "staleness_eta1", "nemo_in_order_utilisation_eta1", "nemo_in_order_gantt_eta1"):
+            assert (out / f"{wl}_{f}.png").stat().st_size > 0
