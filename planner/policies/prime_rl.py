@@ -11,7 +11,6 @@ rechecked at every version and again when the batch is assembled.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +24,7 @@ from planner.types import Decision, PlanContext
 @dataclass(frozen=True)
 class PrimeRlParams:
     max_off_policy_steps: int = 8
-    max_inflight: int | None = None  # ceiling of the adaptive cap, groups; None = none
+    max_inflight: int | None = None  # ceiling of the adaptive cap, groups; None = B·(max_off_policy_steps + 1)
     min_inflight: int | None = None  # floor; None = B
     initial_inflight: int | None = None  # cap before the first engine report; None = B
     kv_soft_cap: float = 0.9  # KV usage above which the cap shrinks
@@ -46,8 +45,8 @@ class PrimeRlParams:
 
 @register
 class PrimeRl(PolicyBase):
-    """prime-rl. Mapping from η: `max_off_policy_steps = η` (the cap parameters are not staleness
-    parameters and keep their defaults).
+    """prime-rl. Mapping from η: `max_off_policy_steps = η`; the cap's ceiling defaults to one batch
+    per trainable version, B·(η + 1) (beyond it every extra group is dropped for staleness).
 
     L1: in flight < cap (see module docstring; `on_engine_stats` drives it, one update per
     report). L2 at `on_version_published(v)`: cancel running groups with earliest version
@@ -70,7 +69,7 @@ class PrimeRl(PolicyBase):
 
     def clamp(self, cap: float) -> float:
         lo = self.params.min_inflight or self.B
-        hi = self.params.max_inflight or math.inf
+        hi = self.params.max_inflight or self.B * (self.params.max_off_policy_steps + 1)
         return min(max(cap, lo), hi)
 
     def min_fresh(self, step: int) -> int:

@@ -129,7 +129,7 @@ def test_roll_ratio_two_trains_v3_to_v5_at_v5_and_cancels_older_starts():
 
 # ----------------------------------------------------------------------------------- prime-rl
 def test_prime_rl_at_v5_with_two_off_policy_steps_accepts_earliest_version_three_and_up():
-    d = driver("prime_rl", B=1, max_off_policy_steps=2, initial_inflight=20, autostart=False)
+    d = driver("prime_rl", B=1, max_off_policy_steps=2, initial_inflight=20, max_inflight=20, autostart=False)
     r2_done, r2_running, r3, r4 = d.queued[:4]
     reserved = {r2_done, r2_running, r3, r4}
     for k in range(5):
