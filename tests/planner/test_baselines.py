@@ -88,11 +88,6 @@ def test_invalid_native_parameters_fail_at_build_naming_field_and_value(name, ba
         make_policy(name, ctx(), bad)
 
 
-def _drive(driver, rng, steps):
-    random_run(driver, rng, steps)
-    return driver
-
-
 @pytest.mark.parametrize("name", BASELINES)
 def test_a_checkpoint_restored_into_a_new_object_continues_identically(name):
     def run(swap_at):
