@@ -1,0 +1,51 @@
+"""`TrainerConfig`: the typed form of a `conf/trainer/*.yaml` group.
+
+The YAML holds three sections (`loss`, `optim`, and the step's own keys); `from_dict` turns the
+composed dict into frozen dataclasses and refuses unknown keys, naming them and the known ones.
+Defaults live only in the dataclasses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from jaxrl_async.trainer.losses import LossConfig
+from jaxrl_async.trainer.optim import OptimConfig
+
+COMPUTE_DTYPES = ("float32", "bfloat16")
+
+
+def _build(cls: type, values: Mapping[str, Any], where: str):
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {unknown}; known keys are {sorted(known)}")
+    return cls(**values)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    loss: LossConfig = field(default_factory=LossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    # Gradient accumulation: the batch's rows are split into this many micro-batches, scanned
+    # inside one jitted step; the batch's row count must be a multiple of it.
+    num_microbatches: int = 1
+    # Params and optimizer state stay float32; "bfloat16" casts the params for the forward and
+    # backward pass (gradients flow back to the float32 master weights).
+    compute_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.num_microbatches, int) or self.num_microbatches < 1:
+            raise ValueError(f"TrainerConfig.num_microbatches={self.num_microbatches!r}: must be an int >= 1")
+        if self.compute_dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"TrainerConfig.compute_dtype={self.compute_dtype!r}: must be one of {COMPUTE_DTYPES}")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> TrainerConfig:
+        """From a plain dict (e.g. `OmegaConf.to_container(cfg.trainer)`); unknown keys raise."""
+        values = dict(values)
+        loss = _build(LossConfig, values.pop("loss", None) or {}, "trainer.loss")
+        optim = _build(OptimConfig, values.pop("optim", None) or {}, "trainer.optim")
+        return _build(cls, {**values, "loss": loss, "optim": optim}, "trainer")

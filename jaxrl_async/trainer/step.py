@@ -1,0 +1,120 @@
+"""The jitted train step, as pure top-level functions over (graphdef, params, opt_state, batch).
+
+One call = one optimizer update:
+1. whole-batch terms (group advantages, aggregation weights) — before any split, since groups
+   and normalizers span the batch;
+2. the rows are split into `num_microbatches` micro-batches and `lax.scan` sums their gradients
+   (the weights carry the batch normalization, so the sum is exactly the full-batch gradient);
+3. if the loss or the gradient norm is not finite, the update is skipped: params and optimizer
+   state are returned unchanged and `metrics["skipped"] = 1`;
+4. otherwise AdamW (with clipping and schedule) updates the float32 params.
+
+Micro-batch j takes rows j, j + k, j + 2k, ... (reshape [N] -> [N/k, k], then swap): with rows
+sharded in contiguous blocks across data shards, every shard then holds an equal part of every
+micro-batch and the split moves no data.
+
+`params` and `opt_state` are donated: the caller's previous arrays are invalid after the call.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxrl_async.trainer.batch import TrainBatch
+from jaxrl_async.trainer.config import TrainerConfig
+from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, policy_loss
+from jaxrl_async.trainer.optim import make_optimizer
+
+Params = Any  # nested dict of arrays (nnx.State.to_pure_dict()), what nnx.merge accepts
+
+
+def _cast_floats(tree: Params, dtype: str) -> Params:
+    dtype = jnp.dtype(dtype)
+    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+
+def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
+                      compute_dtype: str = "float32") -> tuple[jax.Array, jax.Array]:
+    """Per-token log-prob of tokens[:, t] given tokens[:, :t], and the entropy of that prediction.
+
+    tokens [B, T] int32 -> (logprobs [B, T] f32, entropy [B, T] f32); column 0 (no prefix) is 0.
+    """
+    model = nnx.merge(graphdef, _cast_floats(params, compute_dtype))
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    logits, _ = model(tokens, positions)  # [B, T, V] f32
+    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)  # [B, T-1, V]
+    token_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]  # [B, T-1]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [B, T-1]
+    pad = ((0, 0), (1, 0))
+    return jnp.pad(token_logp, pad), jnp.pad(entropy, pad)
+
+
+@partial(jax.jit, static_argnames=("graphdef", "compute_dtype"))
+def compute_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
+                     compute_dtype: str = "float32") -> jax.Array:
+    """[B, T] per-token log-probs (e.g. the reference policy's, for `TrainBatch.ref_logprobs`)."""
+    return sequence_logprobs(graphdef, params, tokens, compute_dtype)[0]
+
+
+def _split_rows(tree: Any, k: int) -> Any:
+    """[N, ...] -> [k, N/k, ...]; micro-batch j holds rows j, j+k, j+2k, ..."""
+    return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), tree)
+
+
+def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBatch,
+                         cfg: TrainerConfig) -> tuple[Params, dict[str, jax.Array]]:
+    """Full-batch gradient (f32, like params) and metrics, scanning over micro-batches."""
+    rows = {
+        "tokens": batch.tokens,
+        "behaviour_logprobs": batch.behaviour_logprobs,
+        "ref_logprobs": batch.ref_logprobs,
+        **batch_terms(batch.loss_mask, batch.rewards, batch.group_ids, cfg.loss),
+    }
+    micro = _split_rows(rows, cfg.num_microbatches)
+
+    def micro_loss(p: Params, mb: dict) -> tuple[jax.Array, dict]:
+        logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype)
+        terms = {k: v for k, v in mb.items() if k != "tokens"}
+        return policy_loss(logprobs, cfg=cfg.loss, entropy=entropy, **terms)
+
+    grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+    def body(acc: Params, mb: dict):
+        (_, metrics), grads = grad_fn(params, mb)
+        return jax.tree.map(jnp.add, acc, grads), metrics
+
+    grads, per_micro = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), micro)
+    metrics = {k: v.max() if k in MAX_METRICS else v.sum() for k, v in per_micro.items()}
+    return grads, metrics
+
+
+@partial(jax.jit, static_argnames=("graphdef", "cfg", "decay_paths"), donate_argnames=("params", "opt_state"))
+def train_step(graphdef: nnx.GraphDef, params: Params, opt_state: optax.OptState, batch: TrainBatch,
+               *, cfg: TrainerConfig, decay_paths: frozenset[str] | None = None
+               ) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
+    """One optimizer update on `batch`; returns (params, opt_state, metrics). See module doc.
+
+    The optimizer is rebuilt from the static (hashable) `cfg.optim` and `decay_paths`, so two
+    trainers of the same model and config share one compiled step.
+    """
+    grads, metrics = accumulate_gradients(graphdef, params, batch, cfg)
+    grad_norm = optax.global_norm(grads)
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+    tx = make_optimizer(cfg.optim, decay_paths)
+    updates, new_opt_state = tx.update(grads, opt_state, params)
+    new_params = optax.apply_updates(params, updates)
+    keep = partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
+    valid = (batch.group_ids >= 0).astype(jnp.float32)
+    metrics.update(
+        grad_norm=grad_norm,
+        skipped=1.0 - finite.astype(jnp.float32),
+        reward_mean=jnp.sum(batch.rewards * valid) / jnp.maximum(valid.sum(), 1.0),
+        tokens=jnp.sum(batch.loss_mask),
+    )
+    return keep(new_params, params), keep(new_opt_state, opt_state), metrics

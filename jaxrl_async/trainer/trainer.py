@@ -1,0 +1,144 @@
+"""`Trainer`: owns the model's graphdef, float32 master params, optimizer state and version.
+
+It is the stateful shell around the pure `train_step`: it places params (with the model's
+logical-axis shardings when given a mesh) and batches (rows split over the mesh axes of the logical
+`batch` axis: data and fsdp), checks batch shapes before a compile could fail obscurely, and counts applied updates.
+
+`version` counts *applied* updates only: a step skipped for a non-finite loss or gradient
+leaves the weights, the optimizer state (its step count, hence the learning-rate schedule) and
+the version unchanged, so version v always names the weights after v updates (DESIGN 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx, serialization
+from jax.sharding import Mesh
+
+from jaxrl_async.models.transformer import EMBED, LAYERS
+from jaxrl_async.sharding import RULES, batch_sharding, param_shardings
+from jaxrl_async.trainer.batch import TrainBatch
+from jaxrl_async.trainer.config import TrainerConfig
+from jaxrl_async.trainer.optim import make_optimizer, make_schedule
+from jaxrl_async.trainer.step import Params, compute_logprobs, train_step
+
+def _decay_paths(state: nnx.State) -> frozenset[str]:
+    """Weight decay on weight matrices only: leaves with an `embed` axis and one more axis
+    besides `layers` (norm scales and biases have none or one). Leaves without logical-axis
+    metadata fall back to ndim >= 2."""
+    def is_matrix(var: nnx.Variable) -> bool:
+        axes = var.get_metadata().get("logical_axes")
+        if axes is None:
+            return var.value.ndim >= 2
+        named = [a for a in axes if a is not None and a != LAYERS]
+        return EMBED in named and len(named) >= 2
+    flags = jax.tree.map(is_matrix, state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    flat = jax.tree_util.tree_flatten_with_path(nnx.State(flags).to_pure_dict())[0]
+    return frozenset(jax.tree_util.keystr(path) for path, decay in flat if decay)
+
+
+class Trainer:
+    def __init__(self, model: nnx.Module, cfg: TrainerConfig, *, mesh: Mesh | None = None):
+        """`model` must hold only `nnx.Param` state (its float params are kept as float32)."""
+        self.cfg = cfg
+        self.mesh = mesh
+        graphdef, state = nnx.split(model, nnx.Param)
+        self._graphdef = graphdef
+        self._decay_paths = _decay_paths(state)
+        params = jax.tree.map(
+            lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+            state.to_pure_dict())
+        if mesh is not None:
+            shardings = nnx.State(param_shardings(state, mesh)).to_pure_dict()
+            params = jax.device_put(params, shardings)
+            # Rows split over the mesh axes of the logical `batch` axis (data and fsdp); a
+            # [N] spec shards the leading axis of the [N, T] arrays too.
+            self._row_sharding = batch_sharding(mesh, ndim=1)
+            row_axes = RULES["batch"]
+            row_axes = (row_axes,) if isinstance(row_axes, str) else tuple(row_axes or ())
+            self._row_shards = int(np.prod([mesh.shape[a] for a in row_axes]))
+        else:
+            self._row_sharding, self._row_shards = None, 1
+        self._params = params
+        self._opt_state = jax.jit(make_optimizer(cfg.optim, self._decay_paths).init)(params)
+        self._version = 0
+        self._schedule = make_schedule(cfg.optim)
+
+    @property
+    def version(self) -> int:
+        """Number of applied optimizer updates; the published weights are version `version`."""
+        return self._version
+
+    @property
+    def graphdef(self) -> nnx.GraphDef:
+        return self._graphdef
+
+    def params(self, copy: bool = True) -> Params:
+        """The current float32 params (nested dict; `nnx.merge(trainer.graphdef, p)` rebuilds the
+        model). The step donates its params, so `copy=False` arrays die at the next `step`."""
+        return jax.tree.map(jnp.copy, self._params) if copy else self._params
+
+    def _place(self, batch: TrainBatch) -> TrainBatch:
+        k = self.cfg.num_microbatches
+        rows, multiple = batch.num_rows, k * self._row_shards
+        if rows % multiple:
+            raise ValueError(
+                f"TrainBatch rows={rows}: must be a multiple of num_microbatches ({k}) x batch "
+                f"shards ({self._row_shards}) = {multiple}; use pad_batch(..., rows_multiple={multiple})")
+        if self.cfg.loss.kl_coef > 0 and batch.ref_logprobs is None:
+            raise ValueError(f"TrainBatch.ref_logprobs is None but loss.kl_coef={self.cfg.loss.kl_coef} > 0")
+        if self._row_sharding is None:
+            return jax.device_put(batch)
+        return jax.device_put(batch, self._row_sharding)
+
+    def step(self, batch: TrainBatch) -> dict[str, float]:
+        """One optimizer update; returns the step's metrics as floats (see `train_step`)."""
+        lr = float(self._schedule(self._version))
+        self._params, self._opt_state, metrics = train_step(
+            self._graphdef, self._params, self._opt_state, self._place(batch),
+            cfg=self.cfg, decay_paths=self._decay_paths)
+        metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        if not metrics["skipped"]:
+            self._version += 1
+        metrics.update(lr=lr, version=float(self._version))
+        return metrics
+
+    def logprobs(self, tokens: jax.Array) -> jax.Array:
+        """[B, T] per-token log-probs of `tokens` under the current params (as in the loss)."""
+        return compute_logprobs(self._graphdef, self._params, jnp.asarray(tokens), self.cfg.compute_dtype)
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """Nested dicts of arrays plus `version` (an int): what orbax saves as a pytree."""
+        return {"params": self._params,
+                "opt_state": serialization.to_state_dict(self._opt_state),
+                "version": self._version}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore from `state_dict()` output (or orbax's restore of it), after checking that
+        every leaf has the current tree's structure, shape and dtype; keeps the placements."""
+        params = _checked_like(self._params, state["params"], "params")
+        opt_state = serialization.from_state_dict(self._opt_state, state["opt_state"])
+        opt_state = _checked_like(self._opt_state, opt_state, "opt_state")
+        self._params, self._opt_state = params, opt_state
+        self._version = int(state["version"])
+
+
+def _checked_like(current: Any, loaded: Any, name: str) -> Any:
+    want = jax.tree_util.tree_flatten_with_path(current)
+    got, got_def = jax.tree.flatten(loaded)
+    if got_def != want[1]:
+        raise ValueError(f"load_state_dict: {name} tree structure differs from the trainer's: {got_def} vs {want[1]}")
+    out = []
+    for (path, cur), new in zip(want[0], got):
+        if np.shape(new) != cur.shape or np.asarray(new).dtype != cur.dtype:
+            raise ValueError(
+                f"load_state_dict: {name}{jax.tree_util.keystr(path)} is {np.asarray(new).dtype}"
+                f"{list(np.shape(new))}, the trainer has {cur.dtype}{list(cur.shape)}")
+        out.append(jax.device_put(new, cur.sharding))
+    return jax.tree.unflatten(want[1], out)
