@@ -1,0 +1,205 @@
+"""The generation-engine contract shared by every backend (native JAX, vLLM).
+
+The async runtime talks to an engine only through `GenerationEngine`: it submits
+`GenerationRequest`s, reads `SampleOutput`s from one async stream, aborts requests, and pushes
+new weights. Every sampled token carries the log-prob the behaviour policy gave it and the
+weight version that sampled it, because the trainer's off-policy correction and the staleness
+ledger (DESIGN.md sections 1 and 8) need both.
+
+To add a backend: subclass `GenerationEngine` in `engines/<name>_engine.py`, keep every
+docstring promise below (each sample ends with exactly one `done=True` output, versions are
+per token, log-probs are at temperature 1), and run the engine tests against it.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one request's continuations.
+
+    Attributes:
+      max_new_tokens: most tokens generated per sample (the stop token included); reaching it
+        ends the sample with finish_reason "length".
+      temperature: softmax temperature; 0 means greedy (argmax of the raw logits).
+      top_p: nucleus sampling; keep the smallest set of most likely tokens whose probability
+        (after temperature) reaches top_p. 1.0 disables it.
+      top_k: keep only the k most likely tokens; 0 disables it.
+      stop_token_ids: sampling one of these ends the sample with finish_reason "stop"; the stop
+        token itself is part of `token_ids` (the trainer needs its log-prob).
+      n: number of samples (a GRPO group) drawn from one prompt; the prompt is prefilled once.
+      seed: makes the samples reproducible: sample i's t-th token depends only on (seed, i, t),
+        the weights and the prefix, never on which slot or batch it ran in. None: the engine
+        draws one.
+    """
+
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    n: int = 1
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens!r}: must be an int >= 1")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"SamplingParams.temperature={self.temperature!r}: must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p={self.top_p!r}: must be in (0, 1]")
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k={self.top_k!r}: must be an int >= 0 (0 = off)")
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"SamplingParams.n={self.n!r}: must be an int >= 1")
+        if self.seed is not None and not 0 <= self.seed < 2**32:
+            raise ValueError(f"SamplingParams.seed={self.seed!r}: must be None or in [0, 2**32)")
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One prompt to continue `sampling.n` times.
+
+    Attributes:
+      request_id: unique among the requests the engine still holds (queued or running); the
+        outputs and `abort` refer to it.
+      prompt_ids: the prompt's token ids (chat template already applied), at least one.
+      sampling: how to sample.
+      priority: when the engine has more requests than free slots, the lowest value is admitted
+        first; ties go in submit order. The runtime passes the group's deadline (DESIGN.md 2).
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    priority: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.prompt_ids:
+            raise ValueError(f"request {self.request_id!r}: prompt_ids is empty; need at least one token")
+
+
+@dataclass(frozen=True)
+class SampleOutput:
+    """A piece of one sample's continuation, streamed as it is generated.
+
+    Outputs are deltas: the pieces of one (request_id, sample_index), concatenated in arrival
+    order (`join_outputs`), are the whole continuation. Every sample of every submitted request
+    ends with exactly one output with `done=True`, aborted ones included.
+
+    Attributes:
+      request_id: the request this sample belongs to.
+      sample_index: which of the request's `n` samples, in [0, n).
+      token_ids: the new tokens of this piece (not the prompt); may be empty on the final piece.
+      logprobs: per token of `token_ids`, log p(token) under the behaviour policy's model
+        distribution: log-softmax of the raw logits (temperature 1, before top-p/top-k), float32
+        precision. This is the quantity the importance ratio of RL off-policy correction needs;
+        it is not the log-prob under the tempered/truncated sampling distribution.
+      versions: the weight version that sampled each token of `token_ids`, run-length encoded
+        as [[version, count], ...] with counts summing to len(token_ids). With partial rollout a
+        sample can span several versions.
+      finish_reason: "stop" (a stop token was sampled), "length" (max_new_tokens reached) or
+        "abort"; None until done.
+      done: True on the last piece of this sample.
+    """
+
+    request_id: str
+    sample_index: int
+    token_ids: list[int]
+    logprobs: list[float]
+    versions: list[list[int]]
+    finish_reason: FinishReason | None = None
+    done: bool = False
+
+
+def join_outputs(pieces: Iterable[SampleOutput]) -> SampleOutput:
+    """Concatenate the streamed pieces of one sample (in arrival order) into one output."""
+    pieces = list(pieces)
+    if not pieces:
+        raise ValueError("join_outputs: no pieces given")
+    keys = {(p.request_id, p.sample_index) for p in pieces}
+    if len(keys) != 1:
+        raise ValueError(f"join_outputs: pieces of several samples {sorted(keys)}; join one sample at a time")
+    versions: list[list[int]] = []
+    for piece in pieces:
+        for version, count in piece.versions:
+            if versions and versions[-1][0] == version:
+                versions[-1][1] += count
+            else:
+                versions.append([version, count])
+    last = pieces[-1]
+    return SampleOutput(
+        request_id=last.request_id, sample_index=last.sample_index,
+        token_ids=[t for p in pieces for t in p.token_ids],
+        logprobs=[x for p in pieces for x in p.logprobs],
+        versions=versions, finish_reason=last.finish_reason, done=last.done)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot of an engine's load (the planner's adaptive caps read it).
+
+    Attributes:
+      active_slots: sequences being decoded now.
+      total_slots: most sequences decoded at once.
+      queued: requests submitted but not admitted yet.
+      busy_fraction: fraction of wall time since start spent generating (prefill + decode).
+      version: the weight version used for new tokens.
+    """
+
+    active_slots: int
+    total_slots: int
+    queued: int
+    busy_fraction: float
+    version: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class GenerationEngine(abc.ABC):
+    """An async generation backend. All methods are called from one asyncio event loop."""
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start generating; requests submitted before `start` wait in the queue."""
+
+    @abc.abstractmethod
+    async def stop(self) -> None:
+        """Stop generating and end the `outputs()` stream. In-flight samples are not finished."""
+
+    @abc.abstractmethod
+    async def submit(self, request: GenerationRequest) -> None:
+        """Queue a request. Raises ValueError at once (naming the request id) when it can never
+        run: duplicate id, prompt + max_new_tokens longer than the context, n > slots."""
+
+    @abc.abstractmethod
+    async def abort(self, request_id: str) -> None:
+        """End a request's unfinished samples with finish_reason "abort" (tokens generated so far
+        are delivered). An unknown or already finished id is ignored: aborts race with
+        completion."""
+
+    @abc.abstractmethod
+    async def update_weights(self, params: Any, version: int) -> None:
+        """Use new weights for every token sampled after the swap; returns once they are in use.
+
+        The params must have the engine's tree structure, shapes and dtypes (ValueError naming
+        the first leaf that differs). `version` must not go backwards. Whether in-flight samples
+        continue across the swap (partial rollout) or finish first (drain) is the engine's
+        sync mode.
+        """
+
+    @abc.abstractmethod
+    def outputs(self) -> AsyncIterator[SampleOutput]:
+        """The single stream of `SampleOutput`s of all requests; ends after `stop()`."""
+
+    @abc.abstractmethod
+    async def stats(self) -> EngineStats:
+        """A snapshot of the engine's load."""

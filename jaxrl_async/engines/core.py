@@ -1,0 +1,333 @@
+"""The synchronous core of the JAX engine: continuous batching over fixed KV-cache slots.
+
+`EngineCore.step()` does one engine iteration and returns the outputs it produced:
+
+1. weights: in "drain" sync mode, a pending weight update is applied once no slot is active
+   (admission pauses while it waits); in "partial" mode `update_weights` swaps at once, between
+   two decode steps, and in-flight samples continue on the new weights (their earlier keys and
+   values stay as the old weights computed them, as in AReaL's partial rollout);
+2. admission: requests leave the priority queue while their `n` samples fit in free slots;
+   each prompt is prefilled once (all but its last token, right-padded to a power-of-two
+   bucket) and the prefix is copied into its `n` slots;
+3. one decode step for every slot: feed each slot's last token, sample the next one.
+
+Everything is deterministic given the submitted requests and their seeds, so tests drive the
+core directly; `JaxEngine` (jax_engine.py) runs it in a thread for the async runtime.
+
+Compilations: `prefill` and `write_prefix` once per prompt bucket, `decode` once, per model
+structure and engine shape. The jitted steps are module-level, so engines of the same shapes
+share them; `TRACE_COUNTS` counts traces (= jit cache misses) process-wide.
+
+Left out on purpose: batched prefill of several prompts (one prompt per call keeps the
+compilation count to one per bucket), chunked prefill, prefix caching across requests, paged
+KV memory (every slot owns `max_len` positions).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxrl_async.engines import steps
+from jaxrl_async.engines.base import GenerationRequest, SampleOutput
+from jaxrl_async.engines.scheduler import RequestQueue, Sequence
+from jaxrl_async.engines.weights import accept_params
+from jaxrl_async.models.config import DTYPES, ModelConfig
+from jaxrl_async.models.transformer import init_cache
+
+SyncMode = Literal["partial", "drain"]
+
+TRACE_COUNTS: collections.Counter[str] = collections.Counter()
+
+
+def _counted(fn):
+    """Wrap a step so that each trace (a jit cache miss, i.e. a compilation) is counted."""
+    @functools.wraps(fn)
+    def traced(*args):
+        TRACE_COUNTS[fn.__name__] += 1
+        return fn(*args)
+    return traced
+
+
+_prefill = jax.jit(_counted(steps.prefill), static_argnums=(0, 1, 2))
+_write_prefix = jax.jit(_counted(steps.write_prefix), donate_argnums=0)
+_decode = jax.jit(_counted(steps.decode), static_argnums=0, donate_argnums=3)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Capacity and behaviour of the JAX engine.
+
+    Attributes:
+      num_slots: sequences decoded together (the batch of every decode step).
+      max_len: KV positions per slot; a request needs len(prompt) + max_new_tokens <= max_len.
+      min_bucket: smallest prompt bucket; buckets are min_bucket * 2**i, the last one max_len.
+      sync_mode: "partial": new weights take effect at the next decode step and in-flight
+        samples continue (partial rollout); "drain": admission stops, in-flight samples finish
+        on the old weights, then the weights swap.
+      stream_every: deliver a `SampleOutput` piece every this many new tokens of a sample;
+        0 delivers each sample once, when it is done.
+      seed: draws the seeds of requests that give none.
+      cache_dtype: KV cache dtype ("float32" | "bfloat16"); None uses the model's dtype.
+    """
+
+    num_slots: int = 8
+    max_len: int = 1024
+    min_bucket: int = 16
+    sync_mode: SyncMode = "partial"
+    stream_every: int = 0
+    seed: int = 0
+    cache_dtype: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("num_slots", "max_len", "min_bucket"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"EngineConfig.{name}={value!r}: must be an int >= 1")
+        if self.min_bucket > self.max_len:
+            raise ValueError(f"EngineConfig.min_bucket={self.min_bucket}: must be <= max_len={self.max_len}")
+        if self.sync_mode not in ("partial", "drain"):
+            raise ValueError(f"EngineConfig.sync_mode={self.sync_mode!r}: must be 'partial' or 'drain'")
+        if not isinstance(self.stream_every, int) or self.stream_every < 0:
+            raise ValueError(f"EngineConfig.stream_every={self.stream_every!r}: must be an int >= 0")
+        if self.cache_dtype is not None and self.cache_dtype not in DTYPES:
+            raise ValueError(f"EngineConfig.cache_dtype={self.cache_dtype!r}: must be None or one of {DTYPES}")
+
+    def buckets(self) -> list[int]:
+        """Prefill lengths: min_bucket, 2*min_bucket, ... capped by max_len."""
+        out, b = [], self.min_bucket
+        while b < self.max_len:
+            out.append(b)
+            b *= 2
+        return out + [self.max_len]
+
+
+class _SlotArrays:
+    """Per-slot decode inputs, kept on the host and sent with every decode step."""
+
+    def __init__(self, n: int):
+        self.tokens = np.zeros(n, np.int32)
+        self.positions = np.zeros(n, np.int32)
+        self.seeds = np.zeros(n, np.uint32)
+        self.sample_index = np.zeros(n, np.int32)
+        self.token_index = np.zeros(n, np.int32)
+        self.temperature = np.zeros(n, np.float32)
+        self.top_p = np.ones(n, np.float32)
+        self.top_k = np.zeros(n, np.int32)
+
+    def clear(self, slot: int) -> None:
+        # Free slots decode greedily at position 0 so they never trigger the top-p/top-k sort.
+        self.tokens[slot] = self.positions[slot] = self.token_index[slot] = 0
+        self.temperature[slot], self.top_p[slot], self.top_k[slot] = 0.0, 1.0, 0
+
+
+class EngineCore:
+    """Continuous batching over `config.num_slots` slots of one model (see module docstring).
+
+    Not thread-safe: call every method from one thread (JaxEngine's worker thread).
+    """
+
+    def __init__(self, model: nnx.Module, model_config: ModelConfig, config: EngineConfig,
+                 version: int = 0):
+        if config.max_len > model_config.max_position_embeddings:
+            raise ValueError(
+                f"EngineConfig.max_len={config.max_len}: exceeds the model's "
+                f"max_position_embeddings={model_config.max_position_embeddings}")
+        self.config = config
+        self.model_config = model_config
+        self.version = version
+        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        cache_dtype = config.cache_dtype or model_config.dtype
+        self._cache_dtype = cache_dtype
+        self._cache = init_cache(model_config, config.num_slots, config.max_len, cache_dtype)
+        # Work done, for metrics: prefills, prefill_tokens (unpadded), decode_steps, tokens.
+        self.counters: collections.Counter[str] = collections.Counter()
+        self._queue = RequestQueue()
+        self._slots: list[Sequence | None] = [None] * config.num_slots
+        self._arrays = _SlotArrays(config.num_slots)
+        self._live: dict[str, int] = {}  # request id -> samples not yet done
+        self._pending_weights: tuple[nnx.State, int] | None = None
+        self._seeds = np.random.default_rng(config.seed)
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def active_slots(self) -> int:
+        return sum(s is not None for s in self._slots)
+
+    @property
+    def queued(self) -> int:
+        return len(self._queue)
+
+    @property
+    def weights_pending(self) -> bool:
+        return self._pending_weights is not None
+
+    def has_work(self) -> bool:
+        """Whether `step()` would do anything."""
+        return bool(self.active_slots or self._pending_weights
+                    or (self._queue and self._free_slots()))
+
+    def _free_slots(self) -> list[int]:
+        return [i for i, s in enumerate(self._slots) if s is None]
+
+    # ------------------------------------------------------------------ commands
+
+    def check_request(self, request: GenerationRequest) -> None:
+        """Raise a one-line ValueError naming the request when it can never run on this engine.
+
+        Reads only the configs, so any thread may call it; `submit` adds the duplicate-id check.
+        """
+        rid, sp = request.request_id, request.sampling
+        need = len(request.prompt_ids) + sp.max_new_tokens
+        if need > self.config.max_len:
+            raise ValueError(
+                f"request {rid!r}: prompt of {len(request.prompt_ids)} tokens + max_new_tokens="
+                f"{sp.max_new_tokens} = {need} exceeds the context max_len={self.config.max_len}")
+        if sp.n > self.config.num_slots:
+            raise ValueError(f"request {rid!r}: n={sp.n} exceeds the engine's num_slots={self.config.num_slots}")
+        vocab = self.model_config.vocab_size
+        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"request {rid!r}: prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+
+    def submit(self, request: GenerationRequest) -> None:
+        if request.request_id in self._live:
+            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        self.check_request(request)
+        if request.sampling.seed is None:
+            seed = int(self._seeds.integers(2**32))
+            request = dataclasses.replace(
+                request, sampling=dataclasses.replace(request.sampling, seed=seed))
+        self._live[request.request_id] = request.sampling.n
+        self._queue.push(request)
+
+    def abort(self, request_id: str) -> list[SampleOutput]:
+        """End the request's unfinished samples ("abort"); [] for an unknown or finished id."""
+        queued = self._queue.remove(request_id)
+        if queued is not None:
+            del self._live[request_id]
+            return [SampleOutput(request_id, i, [], [], [], "abort", True)
+                    for i in range(queued.sampling.n)]
+        outputs = []
+        for slot, seq in enumerate(self._slots):
+            if seq is not None and seq.request_id == request_id:
+                outputs.append(self._finish(slot, "abort"))
+        return outputs
+
+    def check_params(self, params: Any) -> nnx.State:
+        """Validate new weights against the engine's (ValueError naming the leaf); copy them."""
+        return accept_params(self._params, params)
+
+    def update_weights(self, params: Any, version: int) -> None:
+        """Swap weights now ("partial") or once in-flight samples finish ("drain").
+
+        `params` is an nnx.State (or its pure dict) of the model's `nnx.Param`s. A newer update
+        replaces one still pending.
+        """
+        self.install_weights(self.check_params(params), version)
+
+    def install_weights(self, state: nnx.State, version: int) -> None:
+        """`update_weights` for a State that `check_params` already accepted (and copied)."""
+        latest = self._pending_weights[1] if self._pending_weights else self.version
+        if version < latest:
+            raise ValueError(f"update_weights: version={version} goes backwards (engine is at {latest})")
+        if self.config.sync_mode == "partial":
+            self._params, self.version = state, version
+        else:
+            self._pending_weights = (state, version)
+
+    # ------------------------------------------------------------------ the step
+
+    def step(self) -> list[SampleOutput]:
+        """One iteration: maybe swap weights, admit, decode one token per active slot."""
+        if self._pending_weights is not None and not self.active_slots:
+            self._params, self.version = self._pending_weights
+            self._pending_weights = None
+        if self._pending_weights is None:
+            for request in self._queue.pop_admissible(len(self._free_slots())):
+                self._admit(request)
+        if not self.active_slots:
+            return []
+        return self._decode_step()
+
+    def _admit(self, request: GenerationRequest) -> None:
+        sp, prompt = request.sampling, request.prompt_ids
+        slots = self._free_slots()[:sp.n]
+        prefix_len = len(prompt) - 1  # the last prompt token is fed by the first decode step
+        if prefix_len:
+            bucket = next(b for b in self.config.buckets() if b >= prefix_len)
+            tokens = np.zeros((1, bucket), np.int32)
+            tokens[0, :prefix_len] = prompt[:-1]
+            prefix = self._run_prefill(tokens)
+            self.counters["prefills"] += 1
+            self.counters["prefill_tokens"] += prefix_len
+            for slot in slots:
+                self._cache = _write_prefix(self._cache, prefix, np.int32(slot))
+        a = self._arrays
+        for i, slot in enumerate(slots):
+            self._slots[slot] = Sequence(
+                request_id=request.request_id, sample_index=i, last_token=prompt[-1],
+                position=prefix_len, max_new_tokens=sp.max_new_tokens,
+                stop_token_ids=frozenset(sp.stop_token_ids))
+            a.tokens[slot], a.positions[slot], a.token_index[slot] = prompt[-1], prefix_len, 0
+            a.seeds[slot], a.sample_index[slot] = sp.seed, i
+            a.temperature[slot], a.top_p[slot], a.top_k[slot] = sp.temperature, sp.top_p, sp.top_k
+
+    def _decode_step(self) -> list[SampleOutput]:
+        self._cache, next_tokens, logprobs = self._run_decode()
+        next_tokens, logprobs = np.asarray(next_tokens), np.asarray(logprobs)
+        self.counters["decode_steps"] += 1
+        self.counters["tokens"] += self.active_slots
+        outputs = []
+        a, every = self._arrays, self.config.stream_every
+        for slot, seq in enumerate(self._slots):
+            if seq is None:
+                continue
+            reason = seq.append(int(next_tokens[slot]), float(logprobs[slot]), self.version)
+            if reason is not None:
+                outputs.append(self._finish(slot, reason))
+                continue
+            a.tokens[slot], a.positions[slot], a.token_index[slot] = seq.last_token, seq.position, seq.generated
+            if every and len(seq.pending_tokens) >= every:
+                outputs.append(seq.flush())
+        return outputs
+
+    def _finish(self, slot: int, reason) -> SampleOutput:
+        seq = self._slots[slot]
+        self._slots[slot] = None
+        self._arrays.clear(slot)
+        self._live[seq.request_id] -= 1
+        if not self._live[seq.request_id]:
+            del self._live[seq.request_id]
+        return seq.flush(reason)
+
+    def warmup(self) -> None:
+        """Compile every prefill bucket and the decode step now rather than on first use.
+
+        Only on an idle engine: the decode step writes garbage into free slots' rows.
+        """
+        if self.active_slots:
+            raise ValueError(f"warmup: needs an idle engine, {self.active_slots} slots are active")
+        for bucket in self.config.buckets():
+            prefix = self._run_prefill(np.zeros((1, bucket), np.int32))
+            self._cache = _write_prefix(self._cache, prefix, np.int32(0))
+        self._cache, tokens, _ = self._run_decode()
+        jax.block_until_ready(tokens)
+
+    def _run_prefill(self, tokens: np.ndarray):
+        return _prefill(self._graphdef, self.model_config, self._cache_dtype, self._params,
+                        self._rest, tokens)
+
+    def _run_decode(self):
+        a = self._arrays
+        return _decode(self._graphdef, self._params, self._rest, self._cache, a.tokens,
+                       a.positions, a.seeds, a.sample_index, a.token_index, a.temperature,
+                       a.top_p, a.top_k)

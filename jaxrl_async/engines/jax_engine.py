@@ -1,0 +1,167 @@
+"""The native JAX generation engine for the async runtime: `EngineCore` in a worker thread.
+
+The event loop never runs device work. Its methods put commands (submit, abort, new weights)
+on a thread-safe deque; the worker thread applies them between two `EngineCore.step()` calls —
+so weights always swap between decode steps — and hands the outputs back to the loop with
+`call_soon_threadsafe`. All bookkeeping the loop reads (live request ids, output queue, weight
+waiters) lives in the loop thread; the worker only touches the core.
+
+Request checks that need no engine state (context length, n, vocabulary) and the weight check
+(structure, shapes, dtypes) run in the caller, so errors surface at `submit` / `update_weights`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from flax import nnx
+
+from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
+from jaxrl_async.engines.core import EngineConfig, EngineCore
+from jaxrl_async.models.config import ModelConfig
+
+_STOP = object()  # end of the output stream
+
+
+class JaxEngine(GenerationEngine):
+    """Continuous-batching JAX engine (see core.py for the scheduling, base.py for the contract)."""
+
+    def __init__(self, model: nnx.Module, model_config: ModelConfig, config: EngineConfig,
+                 version: int = 0):
+        self.core = EngineCore(model, model_config, config, version)
+        self._commands: collections.deque[tuple[str, Any]] = collections.deque()
+        self._wake = threading.Condition()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._out: asyncio.Queue = asyncio.Queue()
+        self._live: dict[str, int] = {}  # loop thread: request id -> samples not yet done
+        self._weight_waiters: list[tuple[int, asyncio.Future]] = []  # loop thread
+        self._busy_s = 0.0
+        self._started_at = 0.0
+
+    # ------------------------------------------------------------ event-loop side
+
+    async def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("JaxEngine.start: already started")
+        self._loop = asyncio.get_running_loop()
+        self._started_at = time.perf_counter()
+        self._thread = threading.Thread(target=self._run, name="jax-engine", daemon=True)
+        self._thread.start()
+
+    async def stop(self) -> None:
+        if self._thread is None:
+            return
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        await asyncio.to_thread(self._thread.join)
+        self._out.put_nowait(_STOP)
+
+    async def submit(self, request: GenerationRequest) -> None:
+        if request.request_id in self._live:
+            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        self.core.check_request(request)
+        self._live[request.request_id] = request.sampling.n
+        self._send("submit", request)
+
+    async def abort(self, request_id: str) -> None:
+        if request_id in self._live:
+            self._send("abort", request_id)
+
+    async def update_weights(self, params: Any, version: int) -> None:
+        state = await asyncio.to_thread(self.core.check_params, params)
+        done = asyncio.get_running_loop().create_future()
+        self._weight_waiters.append((version, done))
+        self._send("weights", (state, version, done))
+        await done
+
+    async def outputs(self) -> AsyncIterator[SampleOutput]:
+        while True:
+            item = await self._out.get()
+            if item is _STOP:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def stats(self) -> EngineStats:
+        elapsed = time.perf_counter() - self._started_at if self._thread else 0.0
+        core = self.core
+        return EngineStats(
+            active_slots=core.active_slots, total_slots=core.config.num_slots,
+            queued=core.queued + sum(kind == "submit" for kind, _ in list(self._commands)),
+            busy_fraction=self._busy_s / elapsed if elapsed > 0 else 0.0,
+            version=core.version, extra={"counters": dict(core.counters)})
+
+    def _send(self, kind: str, payload: Any) -> None:
+        with self._wake:
+            self._commands.append((kind, payload))
+            self._wake.notify()
+
+    def _deliver(self, outputs: list[SampleOutput], version: int) -> None:
+        """Loop thread: queue the outputs, forget finished requests, release weight waiters."""
+        for out in outputs:
+            if out.done:
+                self._live[out.request_id] -= 1
+                if not self._live[out.request_id]:
+                    del self._live[out.request_id]
+            self._out.put_nowait(out)
+        waiting = []
+        for want, fut in self._weight_waiters:
+            if fut.done():
+                continue
+            if want <= version:
+                fut.set_result(None)
+            else:
+                waiting.append((want, fut))
+        self._weight_waiters = waiting
+
+    def _fail(self, error: BaseException) -> None:
+        """Loop thread: the worker died; every waiter and the output stream get the error."""
+        for _, fut in self._weight_waiters:
+            if not fut.done():
+                fut.set_exception(error)
+        self._weight_waiters = []
+        self._out.put_nowait(error)
+
+    # ------------------------------------------------------------ worker thread
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._wake:
+                    while not (self._commands or self._stopping or self.core.has_work()):
+                        self._wake.wait()
+                    if self._stopping:
+                        return
+                    commands = list(self._commands)
+                    self._commands.clear()
+                outputs = self._apply(commands)
+                start = time.perf_counter()
+                outputs += self.core.step()
+                self._busy_s += time.perf_counter() - start
+                self._loop.call_soon_threadsafe(self._deliver, outputs, self.core.version)
+        except BaseException as error:  # noqa: BLE001 - handed to the loop, re-raised there
+            self._loop.call_soon_threadsafe(self._fail, error)
+
+    def _apply(self, commands: list[tuple[str, Any]]) -> list[SampleOutput]:
+        outputs: list[SampleOutput] = []
+        for kind, payload in commands:
+            if kind == "submit":
+                self.core.submit(payload)
+            elif kind == "abort":
+                outputs += self.core.abort(payload)
+            else:
+                state, version, done = payload
+                try:
+                    self.core.install_weights(state, version)
+                except ValueError as error:  # a version going backwards: the caller's error
+                    self._loop.call_soon_threadsafe(done.set_exception, error)
+        return outputs

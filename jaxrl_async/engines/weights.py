@@ -1,0 +1,48 @@
+"""Check new weights against the engine's before accepting them (STYLE.md brief item 10).
+
+A trainer that pushes weights with a renamed leaf, a transposed kernel or a float32 copy of
+bfloat16 weights would otherwise be caught only by a recompilation or, worse, silently produce
+garbage. The check names the first leaf that differs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+
+
+def _leaves(tree: Any) -> dict[str, Any]:
+    pure = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+    return {jax.tree_util.keystr(path): leaf
+            for path, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
+
+
+def accept_params(reference: nnx.State, incoming: Any) -> nnx.State:
+    """Return `incoming` as a State shaped like `reference`, on the reference's devices.
+
+    `incoming` is an `nnx.State` or the nested dict of arrays `nnx.to_pure_dict` gives. The
+    arrays are copied, so the caller may donate or delete its own afterwards. Raises a one-line
+    ValueError naming the first missing, unexpected, mis-shaped or mis-typed leaf.
+    """
+    ref, new = _leaves(reference), _leaves(incoming)
+    missing = [k for k in ref if k not in new]
+    if missing:
+        raise ValueError(f"update_weights: leaf params{missing[0]} is missing ({len(missing)} missing in all)")
+    extra = [k for k in new if k not in ref]
+    if extra:
+        raise ValueError(f"update_weights: unexpected leaf params{extra[0]} ({len(extra)} unexpected in all)")
+    for key, want in ref.items():
+        got = new[key]
+        shape, dtype = tuple(getattr(got, "shape", ())), getattr(got, "dtype", type(got))
+        if shape != want.shape or dtype != want.dtype:
+            raise ValueError(
+                f"update_weights: leaf params{key} has shape {shape} dtype {dtype}; "
+                f"the engine's is shape {want.shape} dtype {want.dtype}")
+    state = jax.tree.map(lambda x: x, reference)  # fresh Variables, same structure
+    pure = jax.tree.map(lambda x, r: jax.device_put(x, r.sharding, may_alias=False),
+                        nnx.to_pure_dict(incoming) if isinstance(incoming, nnx.State) else incoming,
+                        nnx.to_pure_dict(reference))
+    nnx.replace_by_pure_dict(state, pure)
+    return state
