@@ -1,0 +1,155 @@
+"""The task contract: where prompts come from and how a completion is rewarded.
+
+A task owns a list of `Example`s (the raw prompts with their answers) and a verifier. The runtime
+asks it for a `PromptStream` (tokenized `Prompt`s, shuffled per epoch, checkpointable) and, for
+every finished trajectory, for `reward(prompt, completion_text, completion_ids)`, which never
+raises: errors become a 0.0 reward with the reason attached (see rewards.py).
+
+To add a task: subclass `TaskConfig` (a frozen dataclass, every field with a default and a
+comment) and `Task` (set `name` and `config_class`, implement `examples` and `score`), decorate it
+with `@register_task`, import its module in `tasks/__init__.py` and add `conf/task/<name>.yaml`.
+Every task also takes `reward_fn` (a user function that replaces `score`) and `reward_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from jaxrl_async.tasks.rewards import RewardResult, RewardRunner, load_reward_fn
+from jaxrl_async.tasks.stream import PromptStream
+from jaxrl_async.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Example:
+    """One raw prompt of a task, before the chat template and the tokenizer."""
+
+    prompt_id: str  # stable across runs: the ledger and length predictors key on it
+    content: str  # the user message (the question), without any chat formatting
+    answer: Any  # what `score` checks against (JSON-serialisable)
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A tokenized prompt, ready for the engine."""
+
+    prompt_id: str
+    text: str  # exactly what the model sees: the chat template applied to the content
+    prompt_ids: list[int]  # `text` tokenized (no BOS added on top of a template)
+    answer: Any
+    meta: dict  # the example's meta plus "content": the raw user message
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig:
+    """Keys every task takes; a task's own config subclasses this."""
+
+    # Dotted path `module:function` (or `module.function`) of a user reward
+    # `(prompt_text, completion_text, answer) -> float`, sync or async; replaces the task's own
+    # `score`. `prompt_text` is the raw user message (Prompt.meta["content"]).
+    reward_fn: str | None = None
+    # A reward that takes longer scores 0.0 with an error (the run goes on).
+    reward_timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), hints[f.name])
+        if not self.reward_timeout_s > 0:
+            raise ValueError(f"task.reward_timeout_s={self.reward_timeout_s!r}: must be > 0")
+
+
+def _check_type(key: str, value: Any, hint: Any) -> None:
+    """Configs hold plain scalars; a YAML typo ("3" for 3, 1 for true) fails here, named."""
+    allowed = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    ok = any(
+        value is None if t is type(None)
+        else isinstance(value, (int, float)) and not isinstance(value, bool) if t is float
+        else isinstance(value, int) and not isinstance(value, bool) if t is int
+        else isinstance(value, t)
+        for t in allowed)
+    if not ok:
+        names = " | ".join("None" if t is type(None) else t.__name__ for t in allowed)
+        raise ValueError(f"task.{key}={value!r}: must be {names}")
+
+
+class Task(abc.ABC):
+    """A prompt dataset plus its verifier. Subclasses set `name` and `config_class`."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[TaskConfig]]
+
+    def __init__(self, cfg: TaskConfig):
+        if not isinstance(cfg, self.config_class):
+            raise ValueError(f"task {self.name!r} needs a {self.config_class.__name__}, got {type(cfg).__name__}")
+        self.cfg = cfg
+        # Resolved here, at start-up: a bad dotted path must not surface at the first reward.
+        user_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn is not None else None
+        self._user_reward = None if user_fn is None else RewardRunner(user_fn, cfg.reward_timeout_s)
+        self._own_reward = RewardRunner(self.score, cfg.reward_timeout_s)
+
+    @abc.abstractmethod
+    def examples(self) -> list[Example]:
+        """The whole dataset, in a fixed order; invalid data raises ValueError here."""
+
+    @abc.abstractmethod
+    async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
+        """The task's own reward for one completion of `prompt` (may raise; `reward` contains it)."""
+
+    async def reward(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> RewardResult:
+        """What the runtime calls: the user's `reward_fn` if configured, else `score`; never raises."""
+        if self._user_reward is not None:
+            return await self._user_reward(prompt.meta["content"], completion_text, prompt.answer)
+        return await self._own_reward(prompt, completion_text, completion_ids)
+
+    def make_stream(self, tokenizer: Tokenizer, chat_template: str | None, *, seed: int,
+                    shuffle: bool = True, num_epochs: int | None = None) -> PromptStream:
+        """Tokenized prompts of `examples()`; `chat_template` None sends the raw content."""
+        if chat_template is not None and chat_template != tokenizer.chat_template:
+            tokenizer = dataclasses.replace(tokenizer, chat_template=chat_template)
+
+        def encode(example: Example) -> Prompt:
+            if chat_template is None:
+                text, ids = example.content, tokenizer.encode(example.content)
+            else:
+                text = tokenizer.apply_chat_template(
+                    [{"role": "user", "content": example.content}], add_generation_prompt=True)
+                # Templates write their own BOS/special tokens, as transformers' tokenize=True does.
+                ids = tokenizer.encode(text, add_bos=False)
+            return Prompt(example.prompt_id, text, ids, example.answer,
+                          {**example.meta, "content": example.content})
+
+        return PromptStream(self.examples(), encode, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+
+
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: add `cls` to TASKS under `cls.name`; a second class of that name raises."""
+    if cls.name in TASKS:
+        raise ValueError(f"task name {cls.name!r} registered twice: {TASKS[cls.name].__qualname__} "
+                         f"and {cls.__qualname__}")
+    TASKS[cls.name] = cls
+    return cls
+
+
+def build_task(cfg: Mapping[str, Any]) -> Task:
+    """`{"name": <registered task>, **its config keys}` (a `conf/task/*.yaml`) -> the task."""
+    values = dict(cfg)
+    name = values.pop("name", None)
+    if name not in TASKS:
+        raise ValueError(f"task.name={name!r}: not a registered task; registered: {sorted(TASKS)}")
+    cls = TASKS[name]
+    known = sorted(f.name for f in dataclasses.fields(cls.config_class))
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"task.{unknown[0]}: unknown key for task {name!r}; known keys: {known}")
+    return cls(cls.config_class(**values))

@@ -1,0 +1,43 @@
+"""`custom`: your prompts from a JSONL file, scored by your `reward_fn` or by exact match.
+
+Data: one `{"prompt": str, "answer": <any JSON value, optional>}` a line (extra fields go to
+`Prompt.meta`). Without `reward_fn` the reward is 1.0 when the stripped completion equals
+`str(answer)`, else 0.0; set `reward_fn=pkg.module:function` for anything else (see base.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from jaxrl_async.tasks.base import Example, Prompt, Task, TaskConfig, register_task
+from jaxrl_async.tasks.jsonl import read_jsonl
+
+
+@dataclass(frozen=True, kw_only=True)
+class CustomConfig(TaskConfig):
+    path: str | None = None  # JSONL of {"prompt", "answer"?}; required
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.path is None:
+            raise ValueError("task.path=None: task 'custom' needs a JSONL file of "
+                             '{"prompt": ..., "answer": ...} lines (task.path=FILE)')
+
+
+@register_task
+class CustomTask(Task):
+    name = "custom"
+    config_class = CustomConfig
+    cfg: CustomConfig
+
+    def examples(self) -> list[Example]:
+        path = Path(self.cfg.path)
+        examples = []
+        for number, row in read_jsonl(path, {"prompt": str}):
+            meta = {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+            examples.append(Example(f"custom-{path.stem}-{number}", row["prompt"], row.get("answer"), meta))
+        return examples
+
+    async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
+        return float(prompt.answer is not None and completion_text.strip() == str(prompt.answer))

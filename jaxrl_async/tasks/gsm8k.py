@@ -1,0 +1,73 @@
+"""GSM8K-format math word problems, rewarded by `math-verify`.
+
+Data: a local JSONL file, one `{"question": str, "answer": str}` a line, the answer ending in
+`#### <final answer>` as in the GSM8K release (the reasoning before `####` is not used). The
+whole file is read and checked when the stream is built; a bad line is a `ValueError` naming
+FILE:LINE. Without `path`, the task uses the 8-problem sample shipped in `tasks/data/`.
+
+Prompt: the question plus `instruction` (ask for the final answer in \\boxed{}), rendered with the
+model's chat template. Reward: 1.0 if `math_verify.verify(parse(gold), parse(completion))`, else
+0.0. math-verify's own timeouts use SIGALRM, which works only on the main thread; the runtime
+scores in worker threads, so they are off here and `reward_timeout_s` (RewardRunner) bounds it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from math_verify import parse, verify
+
+from jaxrl_async.tasks.base import Example, Prompt, Task, TaskConfig, register_task
+from jaxrl_async.tasks.jsonl import read_jsonl
+
+SAMPLE_PATH = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GSM8KConfig(TaskConfig):
+    path: str | None = None  # GSM8K-format JSONL; None: the sample in jaxrl_async/tasks/data/
+    # Appended to each question (after a blank line).
+    instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+def final_answer(answer: str) -> str | None:
+    """The text after the last `####` with thousands separators removed, or None if absent."""
+    head, sep, tail = answer.rpartition("####")
+    final = tail.strip().replace(",", "")
+    return final if sep and final else None
+
+
+@lru_cache(maxsize=4096)
+def _parsed_gold(answer: str):
+    return parse(answer, parsing_timeout=None)
+
+
+def is_correct(answer: str, completion_text: str) -> bool:
+    """math-verify's judgement of `completion_text` against the final answer (no timeouts)."""
+    return bool(verify(_parsed_gold(answer), parse(completion_text, parsing_timeout=None),
+                       timeout_seconds=None))
+
+
+@register_task
+class GSM8KTask(Task):
+    name = "gsm8k"
+    config_class = GSM8KConfig
+    cfg: GSM8KConfig
+
+    def examples(self) -> list[Example]:
+        path = Path(self.cfg.path) if self.cfg.path is not None else SAMPLE_PATH
+        examples = []
+        for number, row in read_jsonl(path, {"question": str, "answer": str}):
+            final = final_answer(row["answer"])
+            if final is None:
+                raise ValueError(f"{path}:{number}: field 'answer' has no '#### <final answer>' at its end")
+            examples.append(Example(f"gsm8k-{path.stem}-{number}",
+                                    f"{row['question'].strip()}\n\n{self.cfg.instruction}", final))
+        return examples
+
+    async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
+        # sympy work: off the event loop.
+        return 1.0 if await asyncio.to_thread(is_correct, prompt.answer, completion_text) else 0.0
