@@ -82,12 +82,14 @@ def _hf_shape(shape: tuple[int, ...], layout: str) -> tuple[int, ...]:
     return _to_hf(np.empty(shape, np.bool_), layout).shape
 
 
-def _param_vars(model_or_state) -> dict[str, nnx.Variable]:
-    """Our parameter path ('embed', 'layers/wq', ...) -> its Variable."""
+def _param_vars(model_or_state) -> dict[str, nnx.Variable | jax.Array]:
+    """Our parameter path ('embed', 'layers/wq', ...) -> its Variable (or array, for a pure dict)."""
     state = nnx.state(model_or_state, nnx.Param) if isinstance(model_or_state, nnx.Module) \
         else model_or_state
-    return {"/".join(str(k) for k in path): var
-            for path, var in nnx.to_flat_state(state)}
+    leaves = jax.tree_util.tree_flatten_with_path(
+        state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
+    return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): leaf
+            for path, leaf in leaves}
 
 
 def _hf_names(cfg: ModelConfig, path: str) -> list[tuple[str, str]]:
@@ -99,10 +101,14 @@ def _hf_names(cfg: ModelConfig, path: str) -> list[tuple[str, str]]:
 
 
 def to_hf_state_dict(model_or_state, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """HF tensor name -> numpy array (the model's dtype; bfloat16 as ml_dtypes.bfloat16)."""
+    """HF tensor name -> numpy array (the model's dtype; bfloat16 as ml_dtypes.bfloat16).
+
+    Takes a Transformer, its `nnx.State`, or that state as a pure dict (`state.to_pure_dict()`).
+    """
     out = {}
     for path, var in _param_vars(model_or_state).items():
-        value = np.asarray(jax.device_get(var.get_value()))
+        value = var.get_value() if isinstance(var, nnx.Variable) else var
+        value = np.asarray(jax.device_get(value))
         names = _hf_names(cfg, path)
         for i, (name, layout) in enumerate(names):
             per_layer = value[i] if path.startswith("layers/") else value

@@ -5,6 +5,7 @@ import json
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from safetensors.numpy import save_file
 
 from jaxrl_async.models import ModelConfig
@@ -111,3 +112,14 @@ def test_unsupported_architecture_and_unknown_sources_are_value_errors(saved, tm
         load_model(str(tmp_path))
     with pytest.raises(ValueError, match="model source 'no_such_model'"):
         load_model("no_such_model")
+
+
+def test_hf_state_dict_is_the_same_from_a_model_its_state_or_a_pure_dict():
+    cfg = ModelConfig.tiny()
+    model = build_model(cfg, seed=1)
+    state = nnx.state(model)
+    a, b, c = (to_hf_state_dict(x, cfg) for x in (model, state, state.to_pure_dict()))
+    assert sorted(a) == sorted(b) == sorted(c)
+    for name in a:
+        np.testing.assert_array_equal(a[name], c[name])
+        np.testing.assert_array_equal(a[name], b[name])
