@@ -10,13 +10,18 @@ about 1/264 and the expected reward is well under 0.01 (test_tasks measures it).
 bytes decode to U+FFFD, which never matches.
 
 What it has to learn:
-- `repeat_letter` (default, easy): "repeat c" -> a completion made of c. Reward: the fraction of
-  the completion's characters equal to c. First it learns to emit the alphabet's letters at all
-  (reward ~1/len(alphabet)), then to read the one letter out of the prompt: one attention head
-  that finds the letter and a map from its embedding to its own logit.
-- `copy_string` (harder): "copy s" (s: `min_len`..`max_len` letters) -> s. Reward: the fraction
-  of positions i < len(s) with completion[i] == s[i]; what follows is ignored (the engine's
-  `max_new_tokens` bounds it). It needs position-aware copying, one character per step.
+- `repeat_letter` (default, easy): prompt "cccccccc" -> a completion made of c. Reward: the
+  fraction of the completion's characters equal to c. First it learns to emit the alphabet's
+  letters at all (reward ~1/len(alphabet)), then to copy the prompt's letter. The prompt is the
+  letter 8 times, not "repeat c": as 8 of the 27 templated prompt tokens, the letter carries a
+  large share of even the near-uniform attention of a random model, so copying it is close to
+  one linear map away. With "repeat c" the same GRPO loop stalled at 1/len(alphabet) for 200
+  steps; with "cccccccc" it passed 0.8 at about step 90 and 0.97 at step 100 (on-policy GRPO,
+  8 groups x 8 samples, 8 new tokens, temperature 1, Adam 3e-3, the 2-layer `tiny`).
+- `copy_string` (harder): prompt "abc abc abc abc" (s, `min_len`..`max_len` letters, 4 times)
+  -> s. Reward: the fraction of positions i < len(s) with completion[i] == s[i]; what follows is
+  ignored (the engine's `max_new_tokens` bounds it). It needs order, not just the letters: the
+  same loop reached 0.3 by step 200 and 0.3-0.45 over steps 200-300.
 """
 
 from __future__ import annotations
