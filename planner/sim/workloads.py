@@ -41,21 +41,46 @@ class Workload(ABC):
         self.params = params
         self.group_size = group_size
         self._next_prompt = 0
+        self._tables: dict[str, np.ndarray] = {}  # per-prompt properties of a finite dataset
+        self._table_seed: int | None = None
+        n = getattr(params, "num_prompts", None)
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
+            raise ValueError(f"workload.num_prompts={n!r}: must be a positive integer or null")
 
     @abstractmethod
     def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws: ...
 
-    def _prompt_ids(self, num_groups: int) -> list[int | str]:
+    def _prompt_ids(self, num_groups: int) -> np.ndarray:
+        """Stream order; with `num_prompts` the dataset is revisited epoch after epoch (as in RL)."""
         first = self._next_prompt
         self._next_prompt += num_groups
-        return list(range(first, first + num_groups))
+        ids = np.arange(first, first + num_groups)
+        n = getattr(self.params, "num_prompts", None)
+        return ids % n if n else ids
 
-    def _finish(self, rng: np.random.Generator, raw: np.ndarray, max_tokens: int, prompt_tokens: int) -> GroupDraws:
+    def _per_prompt(self, rng: np.random.Generator, ids: np.ndarray, key: str, draw) -> np.ndarray:
+        """A random property of each prompt (difficulty, hardness), shape [G, 1].
+
+        Fixed per prompt id when the workload has a finite dataset (`num_prompts`), so a prompt
+        is as hard in every epoch — what a history length predictor relies on; fresh per group
+        otherwise. `draw(rng, count)` returns a [count, 1] array.
+        """
+        n = getattr(self.params, "num_prompts", None)
+        if not n:
+            return draw(rng, len(ids))
+        if self._table_seed is None:
+            self._table_seed = int(rng.integers(2**32))
+        if key not in self._tables:
+            self._tables[key] = draw(np.random.default_rng([self._table_seed, len(self._tables)]), n)
+        return self._tables[key][ids]
+
+    def _finish(self, rng: np.random.Generator, ids: np.ndarray, raw: np.ndarray, max_tokens: int,
+                prompt_tokens: int) -> GroupDraws:
         """Scale by prompt difficulty, round up and clip to [1, max_tokens]."""
-        g = raw.shape[0]
-        difficulty = rng.lognormal(0.0, self.params.prompt_sigma, size=(g, 1))
+        sigma = self.params.prompt_sigma
+        difficulty = self._per_prompt(rng, ids, "difficulty", lambda r, g: r.lognormal(0.0, sigma, size=(g, 1)))
         lengths = np.clip(np.ceil(raw * difficulty), 1, max_tokens).astype(np.int64)
-        return GroupDraws(self._prompt_ids(g), np.full(g, prompt_tokens, dtype=np.int64), lengths)
+        return GroupDraws(ids.tolist(), np.full(len(ids), prompt_tokens, dtype=np.int64), lengths)
 
 
 def _check(prefix: str, **rules: tuple[float, float | None]) -> None:
@@ -84,6 +109,7 @@ class LognormalParams:
     prompt_sigma: float = 0.5  # spread of the per-prompt difficulty factor (group correlation)
     max_tokens: int = 4096  # truncation limit: lengths are clipped here
     prompt_tokens: int = 256
+    num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
         _check("workload", sigma=(self.sigma, None), prompt_sigma=(self.prompt_sigma, None),
@@ -97,8 +123,9 @@ class Lognormal(Workload):
 
     def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws:
         p = self.params
+        ids = self._prompt_ids(num_groups)
         raw = rng.lognormal(p.mu, p.sigma, size=(num_groups, self.group_size))
-        return self._finish(rng, raw, p.max_tokens, p.prompt_tokens)
+        return self._finish(rng, ids, raw, p.max_tokens, p.prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -110,6 +137,7 @@ class BimodalParams:
     prompt_sigma: float = 0.2
     max_tokens: int = 4096
     prompt_tokens: int = 256
+    num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
         _check("workload", short_mean=(self.short_mean, 0), long_mean=(self.long_mean, 0),
@@ -126,10 +154,11 @@ class Bimodal(Workload):
 
     def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws:
         p = self.params
-        hard = rng.random((num_groups, 1)) < p.p_long
+        ids = self._prompt_ids(num_groups)
+        hard = self._per_prompt(rng, ids, "hard", lambda r, g: r.random((g, 1)) < p.p_long)
         mu = np.where(hard, np.log(p.long_mean), np.log(p.short_mean))
         raw = np.exp(mu + p.sigma * rng.standard_normal((num_groups, self.group_size)))
-        return self._finish(rng, raw, p.max_tokens, p.prompt_tokens)
+        return self._finish(rng, ids, raw, p.max_tokens, p.prompt_tokens)
 
 
 @dataclass(frozen=True)
@@ -139,6 +168,7 @@ class HeavyTailParams:
     prompt_sigma: float = 0.3
     max_tokens: int = 8192
     prompt_tokens: int = 256
+    num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
         _check("workload", scale=(self.scale, 0), alpha=(self.alpha, 0), prompt_sigma=(self.prompt_sigma, None),
@@ -152,8 +182,9 @@ class HeavyTail(Workload):
 
     def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws:
         p = self.params
+        ids = self._prompt_ids(num_groups)
         raw = p.scale * (1.0 + rng.pareto(p.alpha, size=(num_groups, self.group_size)))
-        return self._finish(rng, raw, p.max_tokens, p.prompt_tokens)
+        return self._finish(rng, ids, raw, p.max_tokens, p.prompt_tokens)
 
 
 @dataclass(frozen=True)

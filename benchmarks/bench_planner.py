@@ -1,0 +1,175 @@
+"""Planner benchmark: every policy × η × scenario in the simulator, ratios side by side.
+
+    python benchmarks/bench_planner.py [--seeds 3] [--steps 100] [--etas 1 2 4] [--jobs 2] [--out DIR]
+
+Scenarios (DESIGN §4; issue "Planner" item 6): heavy-tail lengths, bimodal lengths, a
+slot-limited engine (max concurrency below the admission quota), uneven workers (drain sync),
+worker faults (regenerate). Per policy and cell: groups/hour, trainer and generator busy
+fractions, stale drops, end-of-run leftovers, wasted tokens, max and mean staleness, and the
+ratio lookahead / policy in groups/hour. Two reference columns: the unbounded-staleness ceiling
+(lookahead with η = null) and the strict no-drop upper bound (`planner.compare.no_drop_bound`).
+
+Every figure is the median over seeds; each seed runs every policy on the same workload draw.
+Each lookahead run's ledger is audited (`planner.audit`): a failure aborts the benchmark.
+The ablation table isolates what lookahead's flexibility buys: deadline refinement at start,
+the length predictor, and partial rollout vs drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from planner.audit import audit
+from planner.compare import compose, no_drop_bound
+from planner.registry import POLICIES, policy_class
+from planner.simulate import run_simulation
+
+SCENARIOS: dict[str, list[str]] = {
+    "heavy_tail": ["workload=heavy_tail", "sim=default"],
+    "bimodal": ["workload=bimodal", "sim=default"],
+    "slot_limited": ["workload=lognormal", "sim=slot_limited"],
+    "uneven_workers": ["workload=lognormal", "sim=uneven"],
+    "faults": ["workload=lognormal", "sim=fault"],
+}
+STRICT_RIGIDS = ("nemo_in_order", "nemo_weight_fifo")
+ABLATIONS: dict[str, list[str]] = {
+    "lookahead": [],
+    "lookahead, no refine at start": ["policy.refine_on_start=false"],
+    "lookahead + history predictor": ["policy.predictor=history"],
+    "lookahead + oracle predictor": ["policy.predictor=oracle"],
+}
+
+
+def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict:
+    scenario, policy, eta, seed, steps, extra = job
+    overrides = [*SCENARIOS[scenario], f"policy={policy}", f"max_staleness={'null' if eta is None else eta}",
+                 f"seed={seed}", f"steps={steps}", *extra]
+    config = compose(overrides)
+    if policy == "lookahead":
+        with tempfile.TemporaryDirectory() as tmp:
+            s = run_simulation(config, tmp, plots=False).summary
+            report = audit(tmp, eta)
+            if not report.ok or report.groups_dropped:
+                raise SystemExit(f"lookahead audit failed in {scenario} η={eta} seed={seed}: {report.verdict()}")
+    else:
+        s = run_simulation(config, None, plots=False).summary
+    drops = s.get("drops_by_reason", {})
+    return {
+        "scenario": scenario, "policy": policy, "eta": eta, "seed": seed, "extra": " ".join(extra),
+        "groups_per_hour": s["steps_per_hour"] * config.ctx.batch_groups,
+        "trainer_busy": s["trainer_busy_fraction"], "generator_busy": s["generator_busy_fraction"],
+        "stale_drops": s["groups_dropped"] - drops.get("end_of_run", 0),
+        "end_of_run": drops.get("end_of_run", 0), "tokens_wasted": s["tokens_wasted"],
+        "max_staleness": s["max_token_staleness"], "mean_staleness": s["mean_token_staleness"],
+        "deadlock": s.get("deadlock", False),
+    }
+
+
+def median_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict]:
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        cells.setdefault(tuple(r[k] for k in keys), []).append(r)
+    out = {}
+    for key, rs in cells.items():
+        m = dict(rs[0])
+        for f in ("groups_per_hour", "trainer_busy", "generator_busy", "stale_drops", "end_of_run",
+                  "tokens_wasted", "mean_staleness"):
+            m[f] = statistics.median(r[f] for r in rs)
+        m["max_staleness"] = max(r["max_staleness"] for r in rs)
+        m["deadlock"] = any(r["deadlock"] for r in rs)
+        out[key] = m
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--etas", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--policies", nargs="+", default=None)
+    args = ap.parse_args()
+    policy_class("lookahead")  # registers every policy
+    policies = args.policies or ["lookahead", *sorted(p for p in POLICIES if p != "lookahead")]
+    seeds = range(args.seeds)
+    jobs = [(sc, p, eta, s, args.steps, ()) for sc in SCENARIOS for p in policies for eta in args.etas for s in seeds]
+    jobs += [(sc, "lookahead", None, s, args.steps, ()) for sc in SCENARIOS for s in seeds]
+    jobs += [(sc, "lookahead", eta, s, args.steps, tuple(extra)) for name, extra in ABLATIONS.items() if extra
+             for sc in SCENARIOS for eta in args.etas for s in seeds]
+    jobs += [(sc, p, eta, s, args.steps, ("sim.workers.sync_mode=drain",)) for sc in ("heavy_tail", "slot_limited")
+             for p in ("lookahead", *STRICT_RIGIDS) for eta in args.etas for s in seeds]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(run_one, jobs, chunksize=4))
+    wall = time.perf_counter() - t0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "planner_runs.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+    med = median_rows(rows, ("scenario", "policy", "eta", "extra"))
+    bounds = {(sc, eta): no_drop_bound(compose(SCENARIOS[sc] + [f"max_staleness={eta}", f"steps={args.steps}"]), eta)
+              * compose(SCENARIOS[sc]).ctx.batch_groups for sc in SCENARIOS for eta in args.etas}
+    lines = [f"# Planner benchmark ({args.seeds} seeds, {args.steps} steps, medians; {len(rows)} runs in {wall:.0f} s)\n"]
+
+    lines.append("## lookahead vs the strict no-drop baselines (groups/hour ratio)\n")
+    lines.append("| scenario | η | lookahead g/h | ÷ nemo_in_order | ÷ nemo_weight_fifo | ÷ max(both) | ceiling (η=∞) g/h | no-drop bound g/h |")
+    lines.append("|---|---|---|---|---|---|---|---|")
+    for sc in SCENARIOS:
+        ceil = med[(sc, "lookahead", None, "")]["groups_per_hour"]
+        for eta in args.etas:
+            la = med[(sc, "lookahead", eta, "")]["groups_per_hour"]
+            rig = [med[(sc, p, eta, "")]["groups_per_hour"] for p in STRICT_RIGIDS]
+            lines.append(f"| {sc} | {eta} | {la:.0f} | {la / rig[0]:.3f} | {la / rig[1]:.3f} | {la / max(rig):.3f} "
+                         f"| {ceil:.0f} | {bounds[(sc, eta)]:.0f} |")
+
+    for sc in SCENARIOS:
+        lines.append(f"\n## {sc}\n")
+        lines.append("| policy | η | strict | groups/h | lookahead ÷ | trainer busy | gen busy | stale drops | "
+                     "end-of-run | wasted tokens | max stale | mean stale |")
+        lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for p in policies:
+            for eta in args.etas:
+                m = med[(sc, p, eta, "")]
+                la = med[(sc, "lookahead", eta, "")]["groups_per_hour"]
+                flag = " (deadlock)" if m["deadlock"] else ""
+                lines.append(
+                    f"| {p}{flag} | {eta} | {'yes' if policy_class(p).strict else 'no'} | {m['groups_per_hour']:.0f} | "
+                    f"{la / m['groups_per_hour']:.3f} | {m['trainer_busy']:.0%} | {m['generator_busy']:.0%} | "
+                    f"{m['stale_drops']:.0f} | {m['end_of_run']:.0f} | {m['tokens_wasted']:.0f} | "
+                    f"{m['max_staleness']} | {m['mean_staleness']:.2f} |")
+
+    lines.append("\n## Ablations: what lookahead's flexibility buys (groups/hour ÷ nemo_in_order)\n")
+    lines.append("| scenario | η | " + " | ".join(ABLATIONS) + " |")
+    lines.append("|---|---|" + "---|" * len(ABLATIONS))
+    for sc in SCENARIOS:
+        for eta in args.etas:
+            base = med[(sc, "nemo_in_order", eta, "")]["groups_per_hour"]
+            cells = [med[(sc, "lookahead", eta, " ".join(extra))]["groups_per_hour"] / base for extra in ABLATIONS.values()]
+            lines.append(f"| {sc} | {eta} | " + " | ".join(f"{c:.3f}" for c in cells) + " |")
+
+    lines.append("\n## Drain weight sync instead of partial rollout (groups/hour; lookahead ÷ rigid)\n")
+    lines.append("| scenario | η | lookahead | nemo_in_order | nemo_weight_fifo | ÷ max(both) |")
+    lines.append("|---|---|---|---|---|---|")
+    for sc in ("heavy_tail", "slot_limited"):
+        for eta in args.etas:
+            v = [med[(sc, p, eta, "sim.workers.sync_mode=drain")]["groups_per_hour"] for p in ("lookahead", *STRICT_RIGIDS)]
+            lines.append(f"| {sc} | {eta} | {v[0]:.0f} | {v[1]:.0f} | {v[2]:.0f} | {v[0] / max(v[1:]):.3f} |")
+    text = "\n".join(lines) + "\n"
+    (out / "planner.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
