@@ -14,9 +14,11 @@
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
 core directly; `JaxEngine` (jax_engine.py) runs it in a thread for the async runtime.
 
-Compilations: `prefill` and `write_prefix` once per prompt bucket, `decode` once, per model
-structure and engine shape. The jitted steps are module-level, so engines of the same shapes
-share them; `TRACE_COUNTS` counts traces (= jit cache misses) process-wide.
+Compilations: `engine_prefill` and `engine_write_prefix` once per prompt bucket,
+`engine_decode` once, per model structure and engine shape. The jitted steps are module-level,
+so engines of the same shapes share them; `COMPILE_COUNTS` counts their backend compilations
+process-wide (from jax's compile events, so it also sees recompilations without a retrace,
+e.g. for a changed input sharding).
 
 Left out on purpose: batched prefill of several prompts (one prompt per call keeps the
 compilation count to one per bucket), chunked prefill, prefix caching across requests, paged
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -44,21 +45,21 @@ from jaxrl_async.models.transformer import init_cache
 
 SyncMode = Literal["partial", "drain"]
 
-TRACE_COUNTS: collections.Counter[str] = collections.Counter()
+COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
+_BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
+_STEPS = ("engine_prefill", "engine_write_prefix", "engine_decode")
 
 
-def _counted(fn):
-    """Wrap a step so that each trace (a jit cache miss, i.e. a compilation) is counted."""
-    @functools.wraps(fn)
-    def traced(*args):
-        TRACE_COUNTS[fn.__name__] += 1
-        return fn(*args)
-    return traced
+def _count_compile(event: str, duration_s: float, **kwargs) -> None:
+    name = kwargs.get("fun_name", "")
+    if event == _BACKEND_COMPILE_EVENT and name.startswith("jit(") and name[4:-1] in _STEPS:
+        COMPILE_COUNTS[name[4:-1]] += 1
 
 
-_prefill = jax.jit(_counted(steps.prefill), static_argnums=(0, 1, 2))
-_write_prefix = jax.jit(_counted(steps.write_prefix), donate_argnums=0)
-_decode = jax.jit(_counted(steps.decode), static_argnums=0, donate_argnums=3)
+jax.monitoring.register_event_duration_secs_listener(_count_compile)
+_prefill = jax.jit(steps.engine_prefill, static_argnums=(0, 1, 2))
+_write_prefix = jax.jit(steps.engine_write_prefix, donate_argnums=0)
+_decode = jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=3)
 
 
 @dataclass(frozen=True)
@@ -143,10 +144,17 @@ class EngineCore:
         self.config = config
         self.model_config = model_config
         self.version = version
-        self._graphdef, self._params, self._rest = nnx.split(model, nnx.Param, ...)
+        self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+        # The engine's own committed copy: updates arrive committed too, so the jitted steps
+        # see the same input shardings before and after a swap (no recompilation).
+        self._params = accept_params(params, params)
         cache_dtype = config.cache_dtype or model_config.dtype
         self._cache_dtype = cache_dtype
-        self._cache = init_cache(model_config, config.num_slots, config.max_len, cache_dtype)
+        # Committed to the weights' device like every step output, so that the first call of
+        # a step does not compile for an uncommitted cache and the second for a committed one.
+        device = next(iter(jax.tree.leaves(self._params)[0].devices()))
+        self._cache = jax.device_put(
+            init_cache(model_config, config.num_slots, config.max_len, cache_dtype), device)
         # Work done, for metrics: prefills, prefill_tokens (unpadded), decode_steps, tokens.
         self.counters: collections.Counter[str] = collections.Counter()
         self._queue = RequestQueue()

@@ -76,7 +76,9 @@ class JaxEngine(GenerationEngine):
             self._send("abort", request_id)
 
     async def update_weights(self, params: Any, version: int) -> None:
-        state = await asyncio.to_thread(self.core.check_params, params)
+        # Checked and copied in the caller, before anything else is awaited: commands reach the
+        # worker in call order, so a request submitted after this call waits for the swap.
+        state = self.core.check_params(params)
         done = asyncio.get_running_loop().create_future()
         self._weight_waiters.append((version, done))
         self._send("weights", (state, version, done))

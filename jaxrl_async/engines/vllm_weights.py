@@ -1,0 +1,87 @@
+"""JAX params -> checked, HF-named torch tensors for a vLLM weight push (STYLE brief item 10).
+
+vLLM would accept a renamed, transposed or float32-instead-of-bfloat16 tensor and either die in
+its worker (killing the engine) or, worse, generate from garbage. So every push is checked here,
+in the caller, against the engine's own parameters: the tree structure, each leaf's shape and
+dtype, and then each HF tensor's name, shape and dtype (the HF layout comes from the models'
+`to_hf_state_dict`, the same table the checkpoint loader uses).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jaxrl_async.models.config import ModelConfig
+from jaxrl_async.models.hf_weights import to_hf_state_dict
+
+
+def _flat(pure: Any) -> dict[str, Any]:
+    return {jax.tree_util.keystr(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
+
+
+class WeightChecker:
+    """Remembers the engine's parameter layout (no values) and converts + checks pushes."""
+
+    def __init__(self, model: nnx.Module, cfg: ModelConfig):
+        self.cfg = cfg
+        state = nnx.state(model, nnx.Param)
+        self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+        self._leaves = _flat(nnx.to_pure_dict(self._abstract))
+        self.hf_spec = {name: (tuple(a.shape), np.dtype(a.dtype))
+                        for name, a in to_hf_state_dict(state, cfg).items()}
+
+    def to_hf(self, params: Any) -> dict[str, np.ndarray]:
+        """`params` (an `nnx.State` or its pure dict) -> {hf_name: np.ndarray}; ValueError naming
+        the first leaf or tensor that differs from the engine's."""
+        pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+        got = _flat(pure)
+        for key in self._leaves:
+            if key not in got:
+                raise ValueError(f"update_weights: leaf params{key} is missing")
+        for key in got:
+            if key not in self._leaves:
+                raise ValueError(f"update_weights: unexpected leaf params{key}")
+        for key, want in self._leaves.items():
+            leaf = got[key]
+            shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", None)
+            if shape != tuple(want.shape) or dtype != want.dtype:
+                raise ValueError(f"update_weights: leaf params{key} has shape {shape} dtype {dtype}; "
+                                 f"the engine's is shape {tuple(want.shape)} dtype {want.dtype}")
+        state = jax.tree.map(lambda x: x, self._abstract)
+        nnx.replace_by_pure_dict(state, pure)
+        tensors = to_hf_state_dict(state, self.cfg)
+        self.check_hf(tensors)
+        return tensors
+
+    def check_hf(self, tensors: dict[str, np.ndarray]) -> None:
+        """HF names, shapes and dtypes exactly as the engine's (the last gate before vLLM)."""
+        missing = sorted(set(self.hf_spec) - set(tensors))
+        if missing:
+            raise ValueError(f"weight push: tensor {missing[0]} is missing ({len(missing)} missing in all)")
+        extra = sorted(set(tensors) - set(self.hf_spec))
+        if extra:
+            raise ValueError(f"weight push: unexpected tensor {extra[0]}")
+        for name, (shape, dtype) in self.hf_spec.items():
+            t = tensors[name]
+            if tuple(t.shape) != shape or np.dtype(t.dtype) != dtype:
+                raise ValueError(f"weight push: tensor {name} is {np.dtype(t.dtype)}{list(t.shape)}, "
+                                 f"vLLM holds {dtype}{list(shape)}")
+
+
+def to_torch(tensors: dict[str, np.ndarray], device: str = "cpu") -> dict[str, Any]:
+    """numpy (incl. ml_dtypes bfloat16) -> contiguous torch tensors on `device`."""
+    import torch
+
+    out = {}
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        if array.dtype.name == "bfloat16":  # torch cannot read ml_dtypes' bfloat16: reinterpret
+            tensor = torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(array)
+        out[name] = tensor.to(device)
+    return out
