@@ -1,0 +1,86 @@
+"""`RunConfig`: the typed, validated top level of `conf/train.yaml` (DESIGN §8 command line).
+
+Hydra composes the YAML; `RunConfig.from_mapping` turns the top-level keys (everything that is
+not a config group) into one frozen dataclass, once, at the entry point (STYLE brief 3). The
+default values live in one place, `conf/train.yaml` (Hydra needs every overridable key there);
+the fields here have none. Unknown or missing keys are an error naming the key.
+
+How to add a knob: add a field with a default and a comment, check it in `__post_init__`, add it
+to `conf/train.yaml`, read it where it is used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+PROGRESS_MODES = ("auto", "rich", "plain", "off")
+
+
+def build_dataclass(cls: type, values: Mapping[str, Any], where: str) -> Any:
+    """`cls(**values)`, but an unknown key is a one-line ValueError naming it and the known keys."""
+    fields = dataclasses.fields(cls)
+    known = {f.name for f in fields}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+    required = [f.name for f in fields if f.default is dataclasses.MISSING
+                and f.default_factory is dataclasses.MISSING and f.name not in values]
+    if required:
+        raise ValueError(f"{where}.{required[0]}: missing key")
+    return cls(**values)
+
+
+def _require(ok: bool, name: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"{name}={value!r}: {rule}")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """The run: sizes, sampling, bookkeeping. Field names are the command-line keys."""
+
+    max_staleness: int | None  # η: every trained token has staleness <= η (null = unbounded)
+    batch_groups: int  # B: groups per optimizer step
+    group_size: int  # n: samples per prompt (GRPO group)
+    steps: int  # S: optimizer steps of the whole run (a resumed run counts the earlier ones)
+    seed: int  # model init, data order, sampling seeds
+    max_new_tokens: int  # longest completion
+    temperature: float  # sampling temperature (the trainer's log-probs are at temperature 1)
+    top_p: float  # nucleus sampling (1.0: off)
+    # Candidates the policy sees at once (a lookahead policy may reorder them); 0 = 2·B.
+    admission_window: int
+    checkpoint_every: int  # save every this many steps (0: only on SIGTERM and at the end)
+    keep_checkpoints: int  # orbax keeps the newest N
+    resume: bool | str | None  # true: this run dir's latest checkpoint; a path: that run dir
+    export_hf: bool  # write the final policy as HF safetensors into run_dir/hf/
+    progress: str  # auto (rich on a TTY, plain lines otherwise) | rich | plain | off
+    tensorboard: bool  # TensorBoard event files in run_dir/tb/
+    record_events: bool  # write every policy call to policy_events.jsonl (parity replay)
+
+    def __post_init__(self) -> None:
+        _require(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),
+                 "max_staleness", self.max_staleness, "must be an int >= 0 or null (unbounded)")
+        for name in ("batch_groups", "group_size", "steps", "max_new_tokens", "keep_checkpoints"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 1, name, value, "must be an int >= 1")
+        for name in ("seed", "admission_window", "checkpoint_every"):
+            value = getattr(self, name)
+            _require(isinstance(value, int) and value >= 0, name, value, "must be an int >= 0")
+        _require(self.temperature > 0, "temperature", self.temperature,
+                 "must be > 0 (RL needs sampling; the behaviour log-probs are at temperature 1)")
+        _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        _require(self.progress in PROGRESS_MODES, "progress", self.progress, f"must be one of {PROGRESS_MODES}")
+        _require(self.resume is None or isinstance(self.resume, (bool, str)), "resume", self.resume,
+                 "must be true, false/null or a run directory")
+
+    @property
+    def window(self) -> int:
+        """Candidates shown to `policy.admit` at once."""
+        return self.admission_window or 2 * self.batch_groups
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
+        return build_dataclass(cls, values, "train")

@@ -1,0 +1,499 @@
+"""The local-mode controller: one process, asyncio for control, threads for device work.
+
+It drives a staleness policy (`planner.base.Policy`) through the same event protocol as the
+simulator (`planner.sim.engine`), with real components behind every event:
+
+    data stream ─► window of Candidates ─► policy.admit ─► engine.submit(priority)
+    engine.outputs() ─► first piece: on_group_started(first token's version)
+                      ─► more pieces: on_tokens(version, count)
+                      ─► all n samples done: rewards ─► on_group_finished(token counts by version)
+    trainer idle ─► select_batch(k) ─► TrainBatch ─► Trainer.step in a worker thread
+                 ─► on_step_done(k) ─► on_version_published(k+1) ─► engine.update_weights(k+1)
+                 ─► on_version_synced(k+1) ─► on_engine_stats
+    drops ─► engine.abort + ledger;   run end ─► policy.finish (baselines' end_of_run drops)
+
+After every event `_settle` asks the policy to admit from the window and — while the trainer
+waits — to select the next batch, until nothing changes (as the simulator does). Every policy
+call and its decision run under one asyncio lock, so the policy sees a sequence of events, never
+interleaved ones; device work (generation in the engine's thread, the train step in
+`asyncio.to_thread`) overlaps freely.
+
+Versions: version k+1 is published after step k even when the trainer skipped the update (a
+non-finite loss): the weights equal v_k then, so labelling them k+1 only makes the ledger's
+staleness conservative, and the planner's "step k trains on v_k" stays exact. The engine holds
+only published versions and never goes back, so the policy's admission version (the synced
+version) is a lower bound of every token's version — the premise of DESIGN §2.
+
+Stopping: `request_stop()` (SIGTERM) lets a running step finish, saves a checkpoint and ends the
+run without `policy.finish`; groups still generating are re-admitted on resume through the
+planner's fault path (`on_group_lost(prefix_kept=False)`), done ones keep their samples.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_async.checkpoint import Checkpointer
+from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams
+from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
+from jaxrl_async.runtime.config import RunConfig
+from jaxrl_async.runtime.metrics import METRICS_FILE, MetricsSink, RunStats
+from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
+from jaxrl_async.runtime.scoring import score_group
+from jaxrl_async.tasks.base import Prompt, Task
+from jaxrl_async.tokenizer import Tokenizer
+from jaxrl_async.trainer.trainer import Trainer
+from planner.ledger import LEDGER_FILE, LedgerWriter
+from planner.types import Admission, Candidate, Decision, Drop
+
+GENERATING, SCORING, DONE = "generating", "scoring", "done"
+
+
+@dataclass
+class LiveGroup:
+    """An admitted, untrained group: its prompt and its current attempt's samples."""
+
+    prompt: Prompt
+    rollout: GroupRollout
+    phase: str = GENERATING
+
+
+@dataclass(frozen=True)
+class RunResult:
+    steps_done: int
+    completed: bool  # all `steps` trained (False: stopped for a checkpoint)
+    stats: RunStats
+    elapsed_s: float
+    trainer_busy_s: float
+    generator_busy_s: float
+
+
+def sampling_seed(seed: int, uid: int, attempt: int) -> int:
+    """Sampling seed of one attempt of one group: reproducible, and no RNG state to checkpoint."""
+    return zlib.crc32(f"{seed}:{uid}:{attempt}".encode())
+
+
+def cast_like(params: Any, dtype: str) -> Any:
+    """The trainer's float32 params in the engine's parameter dtype."""
+    target = jnp.dtype(dtype)
+    return jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
+
+
+class Controller:
+    def __init__(self, cfg: RunConfig, *, policy: Any, engine: GenerationEngine, trainer: Trainer, task: Task,
+                 tokenizer: Tokenizer, stream: Any, ledger: LedgerWriter, run_dir: str | Path,
+                 sinks: list[MetricsSink] = (), checkpointer: Checkpointer | None = None,
+                 stop_token_ids: tuple[int, ...] = (), engine_dtype: str = "float32",
+                 run_config_meta: dict[str, Any] | None = None) -> None:
+        self.cfg = cfg
+        self.policy = policy
+        self.engine = engine
+        self.trainer = trainer
+        self.task = task
+        self.tokenizer = tokenizer
+        self.stream = stream
+        self.ledger = ledger
+        self.run_dir = Path(run_dir)
+        self.sinks = list(sinks)
+        self.checkpointer = checkpointer
+        self.stop_token_ids = tuple(stop_token_ids)
+        self.engine_dtype = engine_dtype
+        self.run_config_meta = dict(run_config_meta or {})  # what a resume must match (checked by the caller)
+        self.stats = RunStats()
+        self.step = 0  # the next step to train (= steps done)
+        self.version = 0  # newest version the engine holds (= synced)
+        self.next_uid = 0
+        self.window: list[tuple[Candidate, Prompt]] = []  # stream order
+        self.groups: dict[int, LiveGroup] = {}
+        self._lost_on_resume: list[int] = []
+        self._collector = RolloutCollector()
+        self._mutex = asyncio.Lock()
+        self._training = False  # a step is training or publishing
+        self._ask = True  # something changed since the last select_batch
+        self._stop = False
+        self._done: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._commands: list[tuple[str, Any]] = []  # engine calls of the decision being applied
+        self._t0 = 0.0
+        self._segment_first_step = 0
+        self._busy_at_start = (0.0, 0.0)  # (trainer, generator) busy seconds of earlier segments
+        self._trainer_busy_s = 0.0  # this segment
+        self._last_record = (0.0, 0)  # (now, tokens generated) at the previous step record
+        self._step_wait_since = 0.0
+
+    # ================================================================== time
+    def now(self) -> float:
+        """Seconds since the run began, earlier segments of a resumed run included."""
+        return self.stats.elapsed_s + (time.monotonic() - self._t0)
+
+    # ================================================================== public
+    def request_stop(self) -> None:
+        """Checkpoint and end the run at the next step boundary (SIGTERM handler)."""
+        self._stop = True
+        if self._done is not None:
+            self._spawn(self._stop_if_idle())
+
+    async def run(self) -> RunResult:
+        self._t0 = time.monotonic()
+        self._done = asyncio.Event()
+        self._busy_at_start = (self.stats.trainer_busy_s, self.stats.generator_busy_s)
+        self._step_wait_since = self.now()
+        self._last_record = (self.now(), self.stats.tokens_generated)
+        self._segment_first_step = self.step
+        await self.engine.start()
+        try:
+            if self.version:
+                params = cast_like(self.trainer.params(copy=False), self.engine_dtype)
+                await self.engine.update_weights(params, self.version)
+            self._spawn(self._read_outputs())
+            self._spawn(self._begin())
+            await self._done.wait()
+            if self._error is not None:
+                raise self._error
+            return await self._result()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self.engine.stop()
+            self.ledger.flush()
+
+    async def _begin(self) -> None:
+        """Regenerate the groups a restart interrupted, then the first admissions."""
+        async with self._mutex:
+            for uid in self._lost_on_resume:
+                self._apply(self.policy.on_group_lost(uid=uid, prefix_kept=False, now=self.now()), "on_group_lost")
+            self._lost_on_resume = []
+            await self._flush_engine_commands()
+            await self._settle()
+        if self._stop:
+            await self._stop_if_idle()
+
+    async def _result(self) -> RunResult:
+        self.stats = await self._stats_now()
+        return RunResult(self.step, self.step >= self.cfg.steps, self.stats, self.stats.elapsed_s,
+                         self.stats.trainer_busy_s, self.stats.generator_busy_s)
+
+    async def _stats_now(self) -> RunStats:
+        """`self.stats` with this segment's wall time and busy seconds added."""
+        engine = await self.engine.stats()
+        stats = dataclasses.replace(self.stats)
+        stats.elapsed_s = self.now()
+        stats.trainer_busy_s = self._busy_at_start[0] + self._trainer_busy_s
+        stats.generator_busy_s = self._busy_at_start[1] + engine.busy_fraction * (time.monotonic() - self._t0)
+        return stats
+
+    # ================================================================== tasks
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(self._guard(coro))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guard(self, coro) -> None:
+        try:
+            await coro
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - any failure ends the run, re-raised by run()
+            if self._error is None:
+                self._error = error
+            self._done.set()
+
+    # ================================================================== decisions
+    def _apply(self, d: Decision, source: str) -> None:
+        """Apply a decision: moves to the ledger, drops, the batch, admissions (in that order).
+
+        Engine calls are queued in `self._commands` and sent by `_flush_engine_commands`, so that
+        applying a decision never yields to another event half-way.
+        """
+        if d.moves:
+            self.ledger.moves(d.moves)
+        for drop in d.drop:
+            self._drop(drop)
+        if d.train is not None:
+            if source != "select_batch":
+                raise ValueError(f"policy {self.policy.name}: {source} returned a batch; only select_batch may")
+            self._start_step(d.train)
+        for a in d.admit:
+            self._admit(a)
+
+    def _queue(self, kind: str, payload: Any) -> None:
+        self._commands.append((kind, payload))
+
+    async def _flush_engine_commands(self) -> None:
+        commands, self._commands = self._commands, []
+        for kind, payload in commands:
+            if kind == "submit":
+                await self.engine.submit(payload)
+            else:
+                await self.engine.abort(payload)
+
+    def _admit(self, a: Admission) -> None:
+        live = self.groups.get(a.uid)
+        if live is None:
+            index = next((i for i, (c, _) in enumerate(self.window) if c.uid == a.uid), None)
+            if index is None:
+                raise ValueError(f"policy {self.policy.name} admitted uid {a.uid}: neither a candidate nor a lost group")
+            _, prompt = self.window.pop(index)
+            attempt = 0
+            self.stats.groups_admitted += 1
+        elif live.phase == DONE:
+            raise ValueError(f"policy {self.policy.name} re-admitted uid {a.uid}, which is done")
+        else:  # a lost group, regenerated from scratch under a new request id
+            self._collector.close(live.rollout)
+            self._queue("abort", live.rollout.request_id)
+            prompt, attempt = live.prompt, live.rollout.attempt + 1
+            self.stats.groups_readmitted += 1
+        n = self.cfg.group_size
+        rollout = self._collector.open(a.uid, prompt.prompt_id, prompt.prompt_ids, n, attempt)
+        self.groups[a.uid] = LiveGroup(prompt, rollout)
+        self.ledger.admit(a)
+        sampling = SamplingParams(
+            max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+            stop_token_ids=self.stop_token_ids, n=n, seed=sampling_seed(self.cfg.seed, a.uid, attempt))
+        self._queue("submit", GenerationRequest(rollout.request_id, list(prompt.prompt_ids), sampling, a.priority))
+
+    def _drop(self, d: Drop) -> None:
+        live = self.groups.pop(d.uid, None)
+        if live is None:
+            raise ValueError(f"policy {self.policy.name} dropped uid {d.uid}: not an admitted, untrained group")
+        if live.phase == GENERATING:
+            self._collector.close(live.rollout)
+            self._queue("abort", live.rollout.request_id)
+        tokens = live.rollout.tokens
+        self.ledger.drop(d, tokens)
+        self.stats.groups_dropped += 1
+        self.stats.tokens_wasted += tokens
+        self._ask = True
+
+    def _refill_window(self) -> None:
+        while len(self.window) < self.cfg.window:
+            prompt = next(self.stream)
+            candidate = Candidate(self.next_uid, prompt.prompt_id, len(prompt.prompt_ids))
+            self.next_uid += 1
+            self.window.append((candidate, prompt))
+
+    async def _settle(self) -> None:
+        """Admit and (while the trainer waits) select until the policy changes nothing more."""
+        if self._stop or self._done.is_set():
+            return
+        while True:
+            self._refill_window()
+            d = self.policy.admit(now=self.now(), candidates=[c for c, _ in self.window])
+            self._apply(d, "admit")
+            changed = bool(d.admit or d.drop)
+            if not self._training and self._ask and self.step < self.cfg.steps:
+                self._ask = False
+                d = self.policy.select_batch(step=self.step, now=self.now())
+                self._apply(d, "select_batch")
+                changed = changed or bool(d.drop) or d.train is not None
+            await self._flush_engine_commands()
+            if not changed:
+                break
+        if not self._training and not self.groups_in_flight() and self.step < self.cfg.steps:
+            raise RuntimeError(
+                f"policy {self.policy.name}: the trainer waits for step {self.step} but nothing is generating "
+                f"or being scored ({sum(g.phase == DONE for g in self.groups.values())} done groups, "
+                f"{len(self.window)} candidates refused): deadlock")
+
+    def groups_in_flight(self) -> int:
+        return sum(g.phase != DONE for g in self.groups.values())
+
+    # ================================================================== generation events
+    async def _read_outputs(self) -> None:
+        async for piece in self.engine.outputs():
+            async with self._mutex:
+                event = self._collector.add(piece)
+                if event is None:
+                    continue  # a dropped or superseded request
+                group, now = event.group, self.now()
+                self.stats.tokens_generated += sum(c for _, c in event.new_tokens)
+                if event.started_version is not None:
+                    self.ledger.start(group.uid, event.started_version)
+                    self._apply(self.policy.on_group_started(uid=group.uid, version=event.started_version, now=now),
+                                "on_group_started")
+                if event.group_done:
+                    self.groups[group.uid].phase = SCORING
+                    self._spawn(self._score(self.groups[group.uid]))
+                else:
+                    for version, count in event.new_tokens:
+                        self._apply(self.policy.on_tokens(uid=group.uid, version=version, tokens=count, now=now),
+                                    "on_tokens")
+                await self._flush_engine_commands()
+                await self._settle()
+
+    async def _score(self, live: LiveGroup) -> None:
+        result = await score_group(self.task, self.tokenizer, live.prompt, live.rollout)
+        async with self._mutex:
+            rollout = live.rollout
+            if self.groups.get(rollout.uid) is not live:
+                return  # dropped while scoring
+            rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
+            self.stats.rewards_scored += len(result.rewards)
+            self.stats.reward_errors += len(result.errors)
+            live.phase = DONE
+            self._ask = True
+            self._apply(self.policy.on_group_finished(uid=rollout.uid, versions=rollout.token_versions(),
+                                                      now=self.now(), last_versions=rollout.last_versions()),
+                        "on_group_finished")
+            await self._flush_engine_commands()
+            await self._settle()
+
+    # ================================================================== training
+    def _start_step(self, uids: list[int]) -> None:
+        step = self.step
+        groups = []
+        for uid in uids:
+            live = self.groups.get(uid)
+            if live is None or live.phase != DONE:
+                state = "unknown" if live is None else live.phase
+                raise ValueError(f"policy {self.policy.name} trained uid {uid} at step {step}: group is {state}, not done")
+            groups.append(self.groups.pop(uid).rollout)
+        self.ledger.train(step, [(g.uid, g.token_versions()) for g in groups])
+        self._training = True
+        self._spawn(self._train(step, groups))
+
+    async def _train(self, step: int, groups: list[GroupRollout]) -> None:
+        wait_s = self.now() - self._step_wait_since
+        batch = make_train_batch(groups, rows_multiple=self.trainer.cfg.num_microbatches)
+        t0 = time.monotonic()
+        metrics = await asyncio.to_thread(self.trainer.step, batch)
+        train_s = time.monotonic() - t0
+        self._trainer_busy_s += train_s
+        hist = batch_staleness(step, groups)
+        async with self._mutex:
+            self.stats.add_batch(hist)
+            self.stats.groups_trained += len(groups)
+            self.stats.steps_done += 1
+            self.stats.steps_skipped += int(metrics["skipped"])
+            self.step = step + 1
+            version = step + 1
+            self._apply(self.policy.on_step_done(step=step, now=self.now()), "on_step_done")
+            last = self.step >= self.cfg.steps
+            if not last:
+                self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
+            await self._flush_engine_commands()
+            await self._record(step, groups, hist, metrics, wait_s, train_s)
+        if not last:
+            params = cast_like(self.trainer.params(copy=False), self.engine_dtype)
+            await self.engine.update_weights(params, version)
+        async with self._mutex:
+            if not last:
+                self.version = version
+                self._apply(self.policy.on_version_synced(version=version, now=self.now()), "on_version_synced")
+                stats = await self.engine.stats()
+                self._apply(self.policy.on_engine_stats(kv_usage=stats.active_slots / max(1, stats.total_slots),
+                                                        queued=stats.queued, now=self.now()), "on_engine_stats")
+            self._training = False
+            self._ask = True
+            self._step_wait_since = self.now()
+            if last:
+                self._apply(self.policy.finish(now=self.now()), "finish")
+                await self._flush_engine_commands()
+                await self.save_checkpoint()
+                self._done.set()
+                return
+            if self._stop:
+                await self._flush_engine_commands()
+                await self.save_checkpoint()
+                self._done.set()
+                return
+            if self.checkpointer is not None and self.checkpointer.due(self.step):
+                await self.save_checkpoint()
+            await self._flush_engine_commands()
+            await self._settle()
+
+    async def _stop_if_idle(self) -> None:
+        """A stop while the trainer waits for a batch: checkpoint now (a running step saves at its end)."""
+        async with self._mutex:
+            if not self._training and not self._done.is_set():
+                await self.save_checkpoint()
+                self._done.set()
+
+    async def _record(self, step: int, groups: list[GroupRollout], hist: dict[int, int],
+                      metrics: dict[str, float], wait_s: float, train_s: float) -> None:
+        """One metrics record per step, to every sink (metrics.jsonl, TensorBoard, progress)."""
+        stats = await self._stats_now()
+        now = stats.elapsed_s
+        prev_now, prev_tokens = self._last_record
+        self._last_record = (now, stats.tokens_generated)
+        trained = sum(hist.values())
+        lengths = [len(s.token_ids) for g in groups for s in g.samples]
+        segment_steps = self.step - self._segment_first_step
+        segment_s = time.monotonic() - self._t0
+        record = {
+            "step": step,
+            "version": step + 1,
+            "reward_mean": metrics["reward_mean"],
+            "loss": metrics["loss"],
+            "max_staleness_in_batch": max((s for s, t in hist.items() if t), default=0),
+            "mean_staleness_in_batch": sum(s * t for s, t in hist.items()) / max(1, trained),
+            "tokens_per_s": (stats.tokens_generated - prev_tokens) / max(now - prev_now, 1e-9),
+            "tokens_trained": trained,
+            "response_len_mean": sum(lengths) / max(1, len(lengths)),
+            "skipped": int(metrics["skipped"]),
+            "wait_s": wait_s,
+            "train_s": train_s,
+            "elapsed_s": now,
+            "inflight_groups": self.groups_in_flight(),
+            "done_groups": sum(g.phase == DONE for g in self.groups.values()),
+            "reward_errors": stats.reward_errors,
+            "trainer_busy": stats.trainer_busy_s / max(now, 1e-9),
+            "generator_busy": stats.generator_busy_s / max(now, 1e-9),
+            "eta_s": (self.cfg.steps - self.step) * segment_s / max(1, segment_steps),
+            **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
+            "staleness_hist": {str(s): t for s, t in sorted(stats.staleness.items())},
+        }
+        for sink in self.sinks:
+            sink.write(record)
+
+    # ================================================================== checkpoints
+    async def save_checkpoint(self) -> None:
+        if self.checkpointer is None:
+            return
+        self.ledger.flush()
+        meta = {
+            "run": self.run_config_meta,
+            "step": self.step,
+            "version": self.version,
+            "next_uid": self.next_uid,
+            "policy": self.policy.state_dict(),
+            "stream": self.stream.state_dict(),
+            "window": [[c.uid, dataclasses.asdict(p)] for c, p in self.window],
+            "groups": [{"prompt": dataclasses.asdict(g.prompt), "phase": g.phase, "rollout": g.rollout.to_json()}
+                       for g in self.groups.values()],
+            "stats": (await self._stats_now()).to_json(),
+            "ledger_bytes": (self.run_dir / LEDGER_FILE).stat().st_size,
+            "metrics_bytes": _size(self.run_dir / METRICS_FILE),
+        }
+        self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
+
+    def load_checkpoint_meta(self, meta: dict[str, Any]) -> None:
+        """Restore the controller, policy and stream (the trainer is restored by the caller)."""
+        self.step, self.version, self.next_uid = meta["step"], meta["version"], meta["next_uid"]
+        self.policy.load_state_dict(meta["policy"])
+        self.stream.load_state_dict(meta["stream"])
+        self.window = [(Candidate(uid, p["prompt_id"], len(p["prompt_ids"])), Prompt(**p)) for uid, p in meta["window"]]
+        self.stats = RunStats.from_json(meta["stats"])
+        self.groups = {}
+        for g in meta["groups"]:
+            rollout = GroupRollout.from_json(g["rollout"])
+            live = LiveGroup(Prompt(**g["prompt"]), rollout, g["phase"])
+            self.groups[rollout.uid] = live
+            if live.phase != DONE:
+                live.phase = GENERATING  # lost with the old engine: regenerated on resume
+                self._lost_on_resume.append(rollout.uid)
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0

@@ -1,0 +1,144 @@
+"""Run statistics, the per-step metric sinks, and `summary.json` (DESIGN §8).
+
+`RunStats` accumulates what the summary reports — counts, the staleness histogram of trained
+tokens, busy seconds of the trainer and of the generator — and is saved in checkpoints so that a
+resumed run reports the whole run. Every optimizer step produces one flat record (a dict of
+numbers) that goes to every `MetricsSink`: `metrics.jsonl`, TensorBoard, the progress display.
+The simulator writes the same summary keys, so one plotting script serves both.
+
+How to add a sink: implement `write(record)` and `close()`; pass it to the controller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+class MetricsSink(Protocol):
+    def write(self, record: dict[str, Any]) -> None: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class RunStats:
+    """Totals over the whole run (all segments of a resumed run)."""
+
+    elapsed_s: float = 0.0  # wall seconds of earlier segments (the current one is added live)
+    trainer_busy_s: float = 0.0
+    generator_busy_s: float = 0.0
+    steps_done: int = 0
+    steps_skipped: int = 0  # non-finite loss or gradient: update skipped, weights unchanged
+    groups_admitted: int = 0  # first admissions (re-admissions after a fault excluded)
+    groups_readmitted: int = 0
+    groups_trained: int = 0
+    groups_dropped: int = 0
+    tokens_generated: int = 0
+    tokens_trained: int = 0
+    tokens_wasted: int = 0  # generated tokens of dropped groups
+    rewards_scored: int = 0
+    reward_errors: int = 0  # reward function raised / timed out / returned garbage -> 0.0
+    staleness: Counter = field(default_factory=Counter)  # staleness -> trained tokens
+
+    def add_batch(self, hist: dict[int, int]) -> None:
+        self.staleness.update(hist)
+        self.tokens_trained += sum(hist.values())
+
+    @property
+    def max_token_staleness(self) -> int:
+        return max((s for s, t in self.staleness.items() if t), default=0)
+
+    @property
+    def mean_token_staleness(self) -> float:
+        total = sum(self.staleness.values())
+        return sum(s * t for s, t in self.staleness.items()) / total if total else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["staleness"] = {str(s): t for s, t in sorted(self.staleness.items())}
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> RunStats:
+        d = dict(d)
+        d["staleness"] = Counter({int(s): int(t) for s, t in d["staleness"].items()})
+        return cls(**d)
+
+
+def summary(stats: RunStats, *, policy: str, max_staleness: int | None, elapsed_s: float,
+            trainer_busy_s: float, generator_busy_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `summary.json` object: DESIGN §8 keys first, then extensions."""
+    elapsed = max(elapsed_s, 1e-9)
+    out = {
+        "policy": policy,
+        "max_staleness": max_staleness,
+        "steps": stats.steps_done,
+        "groups_admitted": stats.groups_admitted,
+        "groups_trained": stats.groups_trained,
+        "groups_dropped": stats.groups_dropped,
+        "tokens_trained": stats.tokens_trained,
+        "tokens_wasted": stats.tokens_wasted,
+        "max_token_staleness": stats.max_token_staleness,
+        "mean_token_staleness": stats.mean_token_staleness,
+        "staleness_histogram": {str(s): t for s, t in sorted(stats.staleness.items())},
+        "elapsed_s": elapsed_s,
+        "trainer_busy_fraction": min(1.0, trainer_busy_s / elapsed),
+        "generator_busy_fraction": min(1.0, generator_busy_s / elapsed),
+        "steps_per_hour": 3600.0 * stats.steps_done / elapsed,
+        # extensions
+        "steps_skipped": stats.steps_skipped,
+        "groups_readmitted": stats.groups_readmitted,
+        "tokens_generated": stats.tokens_generated,
+        "reward_errors": stats.reward_errors,
+        "rewards_scored": stats.rewards_scored,
+    }
+    out.update(extra or {})
+    return out
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+
+
+class JsonlSink:
+    """`metrics.jsonl`: one object per step, appended (a resumed run continues the file)."""
+
+    def __init__(self, path: Path, *, append: bool) -> None:
+        self.path = path
+        self._fh = open(path, "a" if append else "w", encoding="utf-8")
+
+    def write(self, record: dict[str, Any]) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._fh.write(json.dumps(clean) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+class TensorBoardSink:
+    """Scalars of every step under `run_dir/tb/` (tensorboardX; no TensorFlow needed)."""
+
+    def __init__(self, logdir: Path) -> None:
+        from tensorboardX import SummaryWriter
+
+        self._writer = SummaryWriter(str(logdir))
+
+    def write(self, record: dict[str, Any]) -> None:
+        step = int(record["step"])
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._writer.close()

@@ -1,0 +1,293 @@
+"""`python -m jaxrl_async.train [overrides]`: one async RL run in local mode (DESIGN §5, §8).
+
+Hydra composes `conf/train.yaml` (groups: model, task, policy, engine, trainer, cluster; the
+top-level keys are `RunConfig`'s). `typed_config` turns the composed config into typed, validated
+objects once; a bad value is a one-line error and exit status 1, an unknown key is Hydra's own
+error. `TrainJob` builds the components, runs the `Controller`, and ends the run:
+
+    run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
+    run_dir/metrics.jsonl    one record per step;  run_dir/tb/ the same in TensorBoard
+    run_dir/summary.json     DESIGN §8 keys (+ extensions, + the audit's verdict)
+    run_dir/checkpoints/     orbax (every `checkpoint_every` steps, on SIGTERM, at the end)
+    run_dir/hf/              the final policy as HF safetensors (export_hf)
+
+and prints the audit's verdict: max staleness vs η, drops, lost and twice-trained groups. Exit
+status: 0 when the run finished and the audit passed (or the run stopped on SIGTERM with a
+checkpoint), 1 otherwise. `resume=true` (with `hydra.run.dir=DIR`) or `resume=DIR` continues the
+run in DIR from its newest checkpoint: same ledger, same metrics, the step count continues.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import signal
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
+CLUSTER_MODES = ("local",)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str  # a registered name, a HF directory or a .gguf file (models/loading.py)
+    dtype: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """Everything a run needs, typed and validated; built once by `typed_config`."""
+
+    run: Any  # RunConfig
+    model: ModelSpec
+    task: dict[str, Any]  # checked by `build_task`
+    policy_name: str
+    policy_overrides: dict[str, Any]  # native parameters that are not null
+    engine: Any  # EngineConfig
+    trainer: Any  # TrainerConfig
+
+
+def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
+    """The composed config -> `TrainSetup`; every problem is a one-line ValueError."""
+    from jaxrl_async.engines.core import EngineConfig
+    from jaxrl_async.runtime.config import RunConfig, build_dataclass
+    from jaxrl_async.trainer.config import TrainerConfig
+    from planner.registry import policy_class
+
+    plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    plain.pop("hydra", None)
+    missing = [g for g in GROUPS if not isinstance(plain.get(g), dict)]
+    if missing:
+        raise ValueError(f"{missing[0]}: config group missing (choose one with {missing[0]}=NAME)")
+    groups = {g: dict(plain.pop(g)) for g in GROUPS}
+    run = RunConfig.from_mapping(plain)
+    cluster = groups["cluster"]
+    if cluster.get("name") not in CLUSTER_MODES or len(cluster) != 1:
+        raise ValueError(f"cluster={cluster.get('name')!r}: jaxrl_async.train runs {CLUSTER_MODES} "
+                         "(cluster/local.yaml has only `name: local`)")
+    model = build_dataclass(ModelSpec, groups["model"], "model")
+    policy = groups["policy"]
+    name = policy.pop("name", None)
+    if not isinstance(name, str):
+        raise ValueError(f"policy.name={name!r}: every conf/policy/*.yaml names its policy")
+    policy_class(name)  # unknown names fail here, against the registry itself
+    engine_values = groups["engine"]
+    if engine_values.pop("name", "jax") != "jax":
+        raise ValueError(f"engine.name={engine_values.get('name')!r}: the local runtime drives the 'jax' engine")
+    engine = build_dataclass(EngineConfig, engine_values, "engine")
+    if engine.num_slots < run.group_size:
+        raise ValueError(f"engine.num_slots={engine.num_slots}: must be >= group_size={run.group_size} "
+                         "(a group's samples are decoded together)")
+    trainer = TrainerConfig.from_dict(groups["trainer"])
+    return TrainSetup(run, model, groups["task"], name, {k: v for k, v in policy.items() if v is not None},
+                      engine, trainer)
+
+
+class TrainJob:
+    """Builds every component for `setup` in `run_dir` (resuming when asked) and runs it."""
+
+    def __init__(self, setup: TrainSetup, run_dir: str | Path) -> None:
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        from jaxrl_async.checkpoint import Checkpointer, truncate
+        from jaxrl_async.engines.jax_engine import JaxEngine
+        from jaxrl_async.models.loading import load_model
+        from jaxrl_async.runtime.controller import Controller
+        from jaxrl_async.runtime.metrics import METRICS_FILE, JsonlSink, TensorBoardSink
+        from jaxrl_async.runtime.progress import ProgressDisplay
+        from jaxrl_async.tasks import build_task
+        from jaxrl_async.trainer.trainer import Trainer
+        from planner.ledger import LEDGER_FILE, LedgerWriter
+        from planner.registry import make_policy
+        from planner.sim.recorder import EventRecorder
+        from planner.types import PlanContext
+
+        run = setup.run
+        self.setup = setup
+        self.run_dir = Path(run_dir).absolute()
+        resuming = bool(run.resume)
+        if not resuming and (self.run_dir / LEDGER_FILE).exists():
+            raise ValueError(f"hydra.run.dir={self.run_dir}: already holds a run; pass resume=true to continue it "
+                             "or choose another hydra.run.dir")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        # Data first: a bad dataset line must fail before minutes of compilation.
+        self.task = build_task(setup.task)
+        self.loaded = load_model(setup.model.source, dtype=setup.model.dtype)
+        tokenizer = self.loaded.tokenizer
+        if tokenizer is None:
+            raise ValueError(f"model.source={setup.model.source!r}: has no tokenizer (tokenizer.json)")
+        stream = self.task.make_stream(tokenizer, self.loaded.chat_template, seed=run.seed)
+
+        ctx = PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps)
+        policy = make_policy(setup.policy_name, ctx, setup.policy_overrides)
+        self.recorder = EventRecorder() if run.record_events else None
+        driven = self.recorder.wrap(policy) if self.recorder is not None else policy
+
+        # The trainer donates its params every step: the engine gets its own copy.
+        graphdef, state = nnx.split(self.loaded.model)
+        engine_model = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+        self.trainer = Trainer(self.loaded.model, setup.trainer)
+        engine = JaxEngine(engine_model, self.loaded.cfg, setup.engine, version=0)
+        self.checkpointer = Checkpointer(self.run_dir, keep=run.keep_checkpoints, every=run.checkpoint_every)
+
+        meta = None
+        if resuming:
+            trainer_state, meta = self.checkpointer.restore(self.trainer.state_dict())
+            _check_compatible(meta, run, setup.policy_name)
+            self.trainer.load_state_dict(trainer_state)
+            truncate(self.run_dir / LEDGER_FILE, meta["ledger_bytes"])
+            truncate(self.run_dir / METRICS_FILE, meta["metrics_bytes"])
+        ledger = LedgerWriter(self.run_dir / LEDGER_FILE, append=resuming, buffer_lines=256)
+        sinks: list = [JsonlSink(self.run_dir / METRICS_FILE, append=resuming)]
+        if run.tensorboard:
+            sinks.append(TensorBoardSink(self.run_dir / "tb"))
+        if run.progress != "off":
+            sinks.append(ProgressDisplay(total_steps=run.steps, policy=setup.policy_name,
+                                         max_staleness=run.max_staleness, mode=run.progress))
+        stop_ids = tuple(dict.fromkeys((*self.loaded.cfg.eos_token_ids, *tokenizer.eos_token_ids)))
+        self.controller = Controller(
+            run, policy=driven, engine=engine, trainer=self.trainer, task=self.task, tokenizer=tokenizer,
+            stream=stream, ledger=ledger, run_dir=self.run_dir, sinks=sinks, checkpointer=self.checkpointer,
+            stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype, run_config_meta=_run_meta(run, setup))
+        if meta is not None:
+            self.controller.load_checkpoint_meta(meta)
+
+    async def _run(self):
+        loop = asyncio.get_running_loop()
+        try:
+            loop.add_signal_handler(signal.SIGTERM, self.controller.request_stop)
+        except (RuntimeError, ValueError):  # not the main thread: the caller handles signals
+            pass
+        try:
+            return await self.controller.run()
+        finally:
+            try:
+                loop.remove_signal_handler(signal.SIGTERM)
+            except (RuntimeError, ValueError):
+                pass
+
+    def run(self) -> dict[str, Any]:
+        """Run to the end (or to a stop); returns the summary (with the audit's fields when it ended)."""
+        from jaxrl_async.runtime.metrics import SUMMARY_FILE, summary, write_json
+        from planner.audit import audit
+
+        try:
+            result = asyncio.run(self._run())
+        finally:
+            self.checkpointer.close()
+            self.controller.ledger.close()
+            for sink in self.controller.sinks:
+                sink.close()
+            if self.recorder is not None:
+                self.recorder.dump(self.run_dir / "policy_events.jsonl")
+        run = self.setup.run
+        extra: dict[str, Any] = {"completed": result.completed, "run_dir": str(self.run_dir)}
+        if result.completed:
+            if run.export_hf:
+                extra["hf_dir"] = str(self.export_hf())
+            report = audit(self.run_dir, run.max_staleness)
+            extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
+                         groups_trained_twice=len(report.trained_twice))
+        out = summary(result.stats, policy=self.setup.policy_name, max_staleness=run.max_staleness,
+                      elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,
+                      generator_busy_s=result.generator_busy_s, extra=extra)
+        write_json(self.run_dir / SUMMARY_FILE, out)
+        return out
+
+    def export_hf(self) -> Path:
+        from flax import nnx
+
+        from jaxrl_async.models.hf_weights import save_hf
+        from jaxrl_async.runtime.controller import cast_like
+
+        params = cast_like(self.trainer.params(), self.loaded.cfg.dtype)
+        model = nnx.merge(self.trainer.graphdef, params)
+        return save_hf(model, self.loaded.cfg, self.run_dir / "hf", self.loaded.tokenizer)
+
+
+def _run_meta(run, setup: TrainSetup) -> dict[str, Any]:
+    """What a resume must match: the planner's context and the policy."""
+    return {"policy": setup.policy_name, "batch_groups": run.batch_groups, "group_size": run.group_size,
+            "max_staleness": run.max_staleness, "seed": run.seed}
+
+
+def _check_compatible(meta: Mapping[str, Any], run, policy_name: str) -> None:
+    saved = meta["run"]
+    for key, value in {"policy": policy_name, "batch_groups": run.batch_groups, "group_size": run.group_size,
+                       "max_staleness": run.max_staleness, "seed": run.seed}.items():
+        if saved[key] != value:
+            raise ValueError(f"resume: {key}={value!r} but the checkpointed run has {key}={saved[key]!r}; "
+                             "resume with the same setting")
+    if meta["step"] > run.steps:
+        raise ValueError(f"resume: steps={run.steps} but the checkpoint is at step {meta['step']}")
+
+
+def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
+    """The short report printed at the end of a run."""
+    import json
+
+    rewards = [json.loads(line)["reward_mean"] for line in metrics_path.read_text().splitlines() if line.strip()]
+    head, tail = rewards[:3], rewards[-3:]
+    lines = [
+        f"run dir: {out['run_dir']}",
+        f"policy {out['policy']}, η={out['max_staleness']}: {out['steps']} steps in {out['elapsed_s']:.0f}s "
+        f"({out['steps_per_hour']:.0f} steps/h), {out['steps_skipped']} skipped",
+    ]
+    if rewards:
+        lines.append(f"reward: {sum(head) / len(head):.3f} (first {len(head)} steps) -> "
+                     f"{sum(tail) / len(tail):.3f} (last {len(tail)})")
+    lines += [
+        f"busy: generator {100 * out['generator_busy_fraction']:.0f}%, trainer {100 * out['trainer_busy_fraction']:.0f}%;"
+        f" groups: {out['groups_admitted']} admitted, {out['groups_trained']} trained, {out['groups_dropped']} dropped"
+        f" ({out['tokens_wasted']} tokens wasted); reward errors: {out['reward_errors']}",
+        f"token staleness: max {out['max_token_staleness']}, mean {out['mean_token_staleness']:.2f}, "
+        f"histogram {out['staleness_histogram']}",
+    ]
+    if out.get("completed"):
+        lines.append(out["audit_verdict"])
+    else:
+        lines.append(f"stopped at step {out['steps']}: resume with resume={out['run_dir']}")
+    return "\n".join(lines)
+
+
+def run_dir_for(setup: TrainSetup, hydra_dir: str) -> Path:
+    resume = setup.run.resume
+    return Path(resume) if isinstance(resume, str) else Path(hydra_dir)
+
+
+def _main(cfg: DictConfig) -> None:
+    from hydra.core.hydra_config import HydraConfig
+
+    started = time.monotonic()
+    try:
+        setup = typed_config(cfg)
+        job = TrainJob(setup, run_dir_for(setup, HydraConfig.get().runtime.output_dir))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    out = job.run()
+    print(final_report(out, job.run_dir / "metrics.jsonl"))
+    print(f"wall time {time.monotonic() - started:.0f}s")
+    if out.get("completed") and not out["audit_ok"]:
+        sys.exit(1)
+
+
+def main() -> None:
+    import hydra
+
+    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
+    hydra.main(version_base="1.3", config_path=conf_dir, config_name="train")(_main)()
+
+
+if __name__ == "__main__":
+    main()
