@@ -79,6 +79,8 @@ def to_torch(tensors: dict[str, np.ndarray], device: str = "cpu") -> dict[str, A
     out = {}
     for name, array in tensors.items():
         array = np.ascontiguousarray(array)
+        if not array.flags.writeable:  # device_get can return read-only views; torch wants to own
+            array = array.copy()
         if array.dtype.name == "bfloat16":  # torch cannot read ml_dtypes' bfloat16: reinterpret
             tensor = torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
         else:
