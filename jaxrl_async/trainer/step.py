@@ -13,7 +13,8 @@ Micro-batch j takes rows j, j + k, j + 2k, ... (reshape [N] -> [N/k, k], then sw
 sharded in contiguous blocks across data shards, every shard then holds an equal part of every
 micro-batch and the split moves no data.
 
-`params` and `opt_state` are donated: the caller's previous arrays are invalid after the call.
+`params` and `opt_state` are donated where the step is jitted: the caller's previous arrays
+are invalid after the call.
 """
 
 from __future__ import annotations
@@ -94,14 +95,15 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
     return grads, metrics
 
 
-@partial(jax.jit, static_argnames=("graphdef", "cfg", "decay_paths"), donate_argnames=("params", "opt_state"))
 def train_step(graphdef: nnx.GraphDef, params: Params, opt_state: optax.OptState, batch: TrainBatch,
                *, cfg: TrainerConfig, decay_paths: frozenset[str] | None = None
                ) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
     """One optimizer update on `batch`; returns (params, opt_state, metrics). See module doc.
 
-    The optimizer is rebuilt from the static (hashable) `cfg.optim` and `decay_paths`, so two
-    trainers of the same model and config share one compiled step.
+    Jit it where it is called, with `graphdef`, `cfg`, `decay_paths` static and `params`,
+    `opt_state` donated (`Trainer` does, adding output shardings on a mesh). The optimizer is
+    rebuilt from the static (hashable) `cfg.optim` and `decay_paths`, so two trainers of the
+    same model and config share one compiled step.
     """
     grads, metrics = accumulate_gradients(graphdef, params, batch, cfg)
     grad_norm = optax.global_norm(grads)

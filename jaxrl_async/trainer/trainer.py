@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx, serialization
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_async.models.transformer import EMBED, LAYERS
 from jaxrl_async.sharding import RULES, batch_sharding, param_shardings
@@ -41,6 +41,24 @@ def _decay_paths(state: nnx.State) -> frozenset[str]:
     return frozenset(jax.tree_util.keystr(path) for path, decay in flat if decay)
 
 
+def _optimizer_shardings(opt_shapes: Any, params: Params, param_sh: Params,
+                         replicated: NamedSharding) -> Any:
+    """Shardings for the optimizer state: a leaf whose path ends with a param's path and that
+    has its shape (Adam's moments) is sharded like that param; the rest (step counts) replicated."""
+    params_by_path = {
+        jax.tree_util.keystr(path): (leaf.shape, sh)
+        for (path, leaf), sh in zip(jax.tree_util.tree_flatten_with_path(params)[0], jax.tree.leaves(param_sh))}
+
+    def one(path, leaf):
+        for start in range(len(path)):
+            shape, sh = params_by_path.get(jax.tree_util.keystr(path[start:]), (None, None))
+            if shape == leaf.shape:
+                return sh
+        return replicated
+
+    return jax.tree_util.tree_map_with_path(one, opt_shapes)
+
+
 class Trainer:
     def __init__(self, model: nnx.Module, cfg: TrainerConfig, *, mesh: Mesh | None = None):
         """`model` must hold only `nnx.Param` state (its float params are kept as float32)."""
@@ -52,19 +70,33 @@ class Trainer:
         params = jax.tree.map(
             lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x,
             state.to_pure_dict())
-        if mesh is not None:
-            shardings = nnx.State(param_shardings(state, mesh)).to_pure_dict()
-            params = jax.device_put(params, shardings)
+        init = make_optimizer(cfg.optim, self._decay_paths).init
+        static = ("graphdef", "cfg", "decay_paths")
+        donate = ("params", "opt_state")
+        if mesh is None:
+            # Committed to one device, as the step's outputs will be: jit keys its cache on
+            # placement, so committed and uncommitted inputs would compile the step twice.
+            params = jax.device_put(params, jax.devices()[0])
+            opt_state = jax.device_put(jax.jit(init)(params), jax.devices()[0])
+            self._train_step = jax.jit(train_step, static_argnames=static, donate_argnames=donate)
+            self._row_sharding, self._row_shards = None, 1
+        else:
+            param_sh = nnx.State(param_shardings(state, mesh)).to_pure_dict()
+            opt_sh = _optimizer_shardings(jax.eval_shape(init, params), params, param_sh,
+                                          NamedSharding(mesh, PartitionSpec()))
+            params = jax.device_put(params, param_sh)
+            opt_state = jax.jit(init, out_shardings=opt_sh)(params)
+            # Fixed output shardings keep every step's outputs placed like its inputs (else
+            # XLA may choose others and the next call recompiles).
+            self._train_step = jax.jit(train_step, static_argnames=static, donate_argnames=donate,
+                                       out_shardings=(param_sh, opt_sh, None))
             # Rows split over the mesh axes of the logical `batch` axis (data and fsdp); a
             # [N] spec shards the leading axis of the [N, T] arrays too.
             self._row_sharding = batch_sharding(mesh, ndim=1)
             row_axes = RULES["batch"]
             row_axes = (row_axes,) if isinstance(row_axes, str) else tuple(row_axes or ())
             self._row_shards = int(np.prod([mesh.shape[a] for a in row_axes]))
-        else:
-            self._row_sharding, self._row_shards = None, 1
-        self._params = params
-        self._opt_state = jax.jit(make_optimizer(cfg.optim, self._decay_paths).init)(params)
+        self._params, self._opt_state = params, opt_state
         self._version = 0
         self._schedule = make_schedule(cfg.optim)
 
@@ -98,7 +130,7 @@ class Trainer:
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer update; returns the step's metrics as floats (see `train_step`)."""
         lr = float(self._schedule(self._version))
-        self._params, self._opt_state, metrics = train_step(
+        self._params, self._opt_state, metrics = self._train_step(
             self._graphdef, self._params, self._opt_state, self._place(batch),
             cfg=self.cfg, decay_paths=self._decay_paths)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}

@@ -79,6 +79,9 @@ def test_sharded_step_on_a_four_device_mesh_equals_the_unsharded_step():
     plain = make_trainer()
     emb = sharded.params(copy=False)["embed"]
     assert len(emb.sharding.device_set) == 4 and not emb.sharding.is_fully_replicated
+    # Adam's moments are sharded like their params (FSDP also shards the optimizer state).
+    moments = [x for x in jax.tree.leaves(sharded.state_dict()["opt_state"]) if x.shape == emb.shape]
+    assert len(moments) == 2 and all(m.sharding == emb.sharding for m in moments)
     for seed in (0, 1):  # two steps: the second runs on sharded optimizer state
         m_sharded, m_plain = sharded.step(make_batch(seed)), plain.step(make_batch(seed))
         assert m_sharded["loss"] == pytest.approx(m_plain["loss"], rel=1e-5, abs=1e-7)
