@@ -1,0 +1,122 @@
+"""`python -m jaxrl_async.generate [overrides]`: complete one prompt with the native JAX engine.
+
+    python -m jaxrl_async.generate model=smollm2_135m prompt="What is 2+2?" max_new_tokens=32 \
+        temperature=0 output=json
+
+Hydra composes `conf/generate.yaml` (group: model; `model.source=PATH` takes a HF directory or
+a .gguf file). The prompt goes through the model's chat template as one user message unless
+`chat=false` or the tokenizer has none. `output=text` prints the completion; `output=json`
+prints exactly one JSON object (DESIGN.md section 8):
+`{"prompt_ids", "token_ids", "text", "logprobs", "finish_reason"}`. Bad input — an unknown model
+or key, a bad value, a prompt that does not fit the model's context — is one line on stderr and
+exit status 1.
+
+The Compose API is used rather than `@hydra.main`: a one-shot command needs no run directory
+or logging setup, and Hydra's own multi-line errors are joined into one line.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+OUTPUTS = ("text", "json")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    model_source: str  # a registered name, a HF directory or a .gguf file
+    model_dtype: str | None
+    prompt: str
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    seed: int
+    chat: bool  # apply the chat template when the tokenizer has one
+    output: str  # "text" | "json"
+
+    def __post_init__(self) -> None:
+        if self.output not in OUTPUTS:
+            raise ValueError(f"output={self.output!r}: must be one of {OUTPUTS}")
+        if not isinstance(self.chat, bool):
+            raise ValueError(f"chat={self.chat!r}: must be true or false")
+
+
+def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
+    from jaxrl_async.runtime.config import build_dataclass
+
+    cfg = dict(cfg)
+    model = cfg.pop("model", None)
+    if not isinstance(model, dict) or "source" not in model:
+        raise ValueError(f"model={model!r}: choose one with model=NAME (conf/model/*.yaml)")
+    unknown = sorted(set(model) - {"source", "dtype"})
+    if unknown:
+        raise ValueError(f"model.{unknown[0]}: unknown key (known: dtype, source)")
+    return build_dataclass(GenerateConfig, {"model_source": str(model["source"]),
+                                            "model_dtype": model.get("dtype"), **cfg}, "generate")
+
+
+def generate(config: GenerateConfig) -> dict[str, Any]:
+    """Load the model, run the prompt through an `EngineCore` of one slot, return the result."""
+    from jaxrl_async.engines.base import GenerationRequest, SamplingParams
+    from jaxrl_async.engines.core import EngineConfig, EngineCore
+    from jaxrl_async.models.loading import load_model
+
+    loaded = load_model(config.model_source, dtype=config.model_dtype)
+    tok = loaded.tokenizer
+    if tok is None:
+        raise ValueError(f"model.source={config.model_source!r}: has no tokenizer.json; cannot encode a text prompt")
+    if config.chat and tok.chat_template:
+        text = tok.apply_chat_template([{"role": "user", "content": config.prompt}])
+        prompt_ids = tok.encode(text, add_bos=False)  # the template writes its own specials
+    else:
+        prompt_ids = tok.encode(config.prompt)
+    sampling = SamplingParams(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+        top_k=config.top_k, seed=config.seed,
+        stop_token_ids=tuple(dict.fromkeys(tok.eos_token_ids + loaded.cfg.eos_token_ids)))
+    need = len(prompt_ids) + config.max_new_tokens
+    context = loaded.cfg.max_position_embeddings
+    if need > context:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={config.max_new_tokens} "
+                         f"= {need} exceeds the model's context max_position_embeddings={context}")
+    core = EngineCore(loaded.model, loaded.cfg,
+                      EngineConfig(num_slots=1, max_len=need, min_bucket=min(16, need)))
+    core.submit(GenerationRequest("prompt", prompt_ids, sampling))
+    outputs = []
+    while core.has_work():
+        outputs += core.step()
+    (out,) = outputs
+    return {"prompt_ids": prompt_ids, "token_ids": out.token_ids,
+            "text": tok.decode(out.token_ids), "logprobs": out.logprobs,
+            "finish_reason": out.finish_reason}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = sys.argv[1:] if argv is None else argv
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            composed = compose(config_name="generate", overrides=overrides)
+        config = typed_config(OmegaConf.to_container(composed, resolve=True))
+        result = generate(config)
+    except (ValueError, HydraException, OmegaConfBaseException) as e:
+        # Hydra's errors span several lines (e.g. the list of available models): join them.
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"error: {message or type(e).__name__}", file=sys.stderr)
+        return 1
+    print(json.dumps(result) if config.output == "json" else result["text"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

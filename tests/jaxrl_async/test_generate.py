@@ -1,0 +1,77 @@
+"""`python -m jaxrl_async.generate`: the DESIGN.md section 8 command line."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxrl_async.generate import main
+from jaxrl_async.models.loading import load_model
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_output_is_one_object_whose_tokens_are_the_greedy_continuation_of_the_templated_prompt(capsys):
+    code, out, err = run_main(capsys, "model=tiny", "prompt=hello", "max_new_tokens=6",
+                              "temperature=0", "output=json")
+    assert code == 0 and err == ""
+    result = json.loads(out)
+    assert {"prompt_ids", "token_ids", "text", "logprobs"} <= set(result)
+    loaded = load_model("tiny")
+    tok = loaded.tokenizer
+    assert result["prompt_ids"] == tok.encode(
+        tok.apply_chat_template([{"role": "user", "content": "hello"}]), add_bos=False)
+    # Greedy: each token is the argmax of the uncached (causal) forward over what precedes it.
+    ids = result["prompt_ids"] + result["token_ids"]
+    logits, _ = loaded.model(np.asarray([ids], np.int32), np.arange(len(ids), dtype=np.int32)[None])
+    n_prompt = len(result["prompt_ids"])
+    assert result["token_ids"] == np.argmax(logits[0, n_prompt - 1:-1], axis=-1).tolist()
+    assert len(result["logprobs"]) == len(result["token_ids"]) <= 6
+    assert result["text"] == tok.decode(result["token_ids"])
+
+
+def test_chat_false_encodes_the_raw_prompt_and_text_output_prints_the_completion(capsys):
+    code, out, _ = run_main(capsys, "prompt=abc", "chat=false", "max_new_tokens=3", "output=json")
+    result = json.loads(out)
+    assert code == 0 and result["prompt_ids"] == load_model("tiny").tokenizer.encode("abc")
+    code, text, _ = run_main(capsys, "prompt=abc", "chat=false", "max_new_tokens=3")
+    assert code == 0 and text == result["text"] + "\n"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["model=nope"], "Could not find 'model/nope' Available options in 'model':"),
+    (["max_new_tokens=2000"], "max_new_tokens=2000 = 20"),
+    (["model.source=/nowhere.gguf"], "model source '/nowhere.gguf' is neither"),
+    (["output=xml"], "output='xml': must be one of"),
+    (["temperature=-1"], "SamplingParams.temperature=-1"),
+])
+def test_bad_input_is_one_line_on_stderr_and_exit_status_1(capsys, args, message):
+    code, out, err = run_main(capsys, *args)
+    assert code == 1 and out == ""
+    assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+
+
+@pytest.mark.slow
+def test_the_module_runs_as_a_command_and_prints_exactly_one_json_object():
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxrl_async.generate", "model=tiny", "prompt=hi",
+         "max_new_tokens=4", "temperature=0", "output=json"],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert len(json.loads(proc.stdout)["token_ids"]) <= 4
+
+
+@pytest.mark.slow
+def test_smollm2_answers_a_factual_question_greedily_through_its_chat_template(capsys):
+    code, out, err = run_main(capsys, "model=smollm2_135m", "prompt=What is the capital of France?",
+                              "max_new_tokens=12", "temperature=0", "output=json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert "Paris" in result["text"]
+    assert all(lp <= 0 for lp in result["logprobs"])
