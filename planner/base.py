@@ -343,15 +343,20 @@ class PolicyBase:
         g.status = Status.QUEUED
         if not prefix_kept:
             g.versions = {}
-            g.start_version = None
-            g.admit_version = self.synced
+            g.admit_version = max(g.admit_version, self.synced)
             g.admit_step = self.step
         a = self.readmission(g, prefix_kept)
-        g.deadline, g.planned_step = a.deadline, a.planned_step
+        g.admit_version, g.deadline, g.planned_step = a.version, a.deadline, a.planned_step
+        if not prefix_kept:
+            g.start_version = None  # it starts afresh
         return Decision(admit=[a])
 
     def readmission(self, group: Group, prefix_kept: bool) -> Admission:
-        """The admission record of a resumed or regenerated group. Default: keep its place."""
+        """The admission record of a resumed or regenerated group. Default: keep its place.
+
+        `group.start_version` is still the version of its first start here (None if it never
+        started); `group.admit_version` is already at least the synced version if regenerated.
+        """
         return Admission(
             group.uid, group.prompt_id, group.admit_version, group.deadline, float(group.seq), group.planned_step
         )

@@ -48,7 +48,11 @@ class Admission:
     """The policy lets group `uid` start generating.
 
     `version` is the admission version a(g): a lower bound on the generation version of every
-    token the group will get. `priority` goes to the engine; lower is served first.
+    token the group will get. The driver must not start (or resume) the group on weights older
+    than `version` — for a fresh admission every live worker qualifies (`version` is the synced
+    version); a re-admission after a fault may carry a later one (a start barrier), which the
+    driver honours by routing to, or waiting for, a worker that holds it. `priority` goes to the
+    engine; lower is served first.
     """
 
     uid: int

@@ -14,11 +14,13 @@ deadline d(g) = a(g)+η. The planner keeps the EDF condition (F) of `planner.fea
   `in_order`'s binding); at batch time done groups are pulled forward and unfinished ones move to
   the freed steps inside their windows. Every change is a `Move` (ledger `move`).
 - Engine priority = deadline (earliest first) instead of L2 cancellation: nothing is cancelled.
-- A group that starts on weights newer than it was admitted on gets the later deadline
-  min(start, synced)+η (`refine_on_start`): only a relaxation of (F), so still strict; it is what
-  lets a slot-limited engine's queue wait without eating the window.
-- Faults: a resumed group keeps its tokens and window; a regenerated one is re-admitted at the
-  synced version, which can only move its deadline later (a relaxation again).
+- A group that starts on weights newer than it was admitted on — it waited in a slot-limited
+  engine's queue, or a faster worker synced first — gets the later deadline start+η
+  (`refine_on_start`): a relaxation of (F), so still strict.
+- Faults: a resumed or regenerated group is re-admitted with a start barrier (Admission.version)
+  at its first start version (or the synced version, if later): the driver must not run it on
+  older weights, so its tokens keep the lower bound its window was refined to, and its deadline
+  can only move later (a relaxation again).
 
 With η = null (unbounded) it admits up to B·S groups at once and trains in completion order:
 the async throughput ceiling of the benchmark.
@@ -67,6 +69,7 @@ class Lookahead(PolicyBase):
         self.plan: dict[int, set[int]] = {}  # step -> uids planned for it
         self._ready: list[tuple[int, int, int]] = []  # heap of DONE groups: (deadline, seq, uid)
         self._inflight_tokens = 0.0  # predicted tokens of in-flight groups
+        self._moves: list[Move] = []  # re-planning done while admitting, returned with the admissions
 
     # ------------------------------------------------------------------ L1
     def admission_quota(self, now: float) -> int:
@@ -108,7 +111,9 @@ class Lookahead(PolicyBase):
                 break
             planned += tokens
             chosen.append(c)
-        return Decision(admit=[self._admit_one(c) for c in chosen])
+        admissions = [self._admit_one(c) for c in chosen]
+        moves, self._moves = self._moves, []
+        return Decision(admit=admissions, moves=moves)
 
     def make_admission(self, g: Group) -> Admission:
         self._inflight_tokens += (g.predicted_tokens or 0.0) * self.ctx.group_size
@@ -116,15 +121,22 @@ class Lookahead(PolicyBase):
             return Admission(g.uid, g.prompt_id, g.admit_version, priority=float(g.seq))
         d = g.admit_version + self.eta
         self.counts[d] = self.counts.get(d, 0) + 1
+        g.deadline = d
         step = self._first_open_step(self.next_batch_step, d)
-        self.plan.setdefault(step, set()).add(g.uid)
-        return Admission(g.uid, g.prompt_id, g.admit_version, d, priority=float(d), planned_step=step)
+        if step is None:
+            # Steps up to d are taken by groups whose deadlines were refined past d; (F) holds,
+            # so the EDF re-plan fits everyone (they move later, inside their windows).
+            self._moves += [m for m in self._replan_all(self.next_batch_step, [g]) if m.uid != g.uid]
+        else:
+            self.plan.setdefault(step, set()).add(g.uid)
+            g.planned_step = step
+        return Admission(g.uid, g.prompt_id, g.admit_version, d, priority=float(d), planned_step=g.planned_step)
 
-    def _first_open_step(self, lo: int, hi: int) -> int:
+    def _first_open_step(self, lo: int, hi: int) -> int | None:
         for s in range(lo, hi + 1):
             if len(self.plan.get(s, ())) < self.B:
                 return s
-        raise AssertionError(f"no open step in [{lo}, {hi}] although (F) admitted the group; plan={self.plan}")
+        return None
 
     # ------------------------------------------------------------------ generation events
     def on_group_started(self, *, uid: int, version: int, now: float) -> Decision:
@@ -132,7 +144,7 @@ class Lookahead(PolicyBase):
         first_start = g is not None and g.status == Status.QUEUED and g.start_version is None
         super().on_group_started(uid=uid, version=version, now=now)
         if first_start and self.eta is not None and self.params.refine_on_start:
-            self._set_deadline(g, min(version, self.synced) + self.eta)
+            self._set_deadline(g, version + self.eta)
         return Decision()
 
     def _set_deadline(self, g: Group, deadline: int) -> None:
@@ -159,8 +171,10 @@ class Lookahead(PolicyBase):
         return Decision()
 
     def readmission(self, group: Group, prefix_kept: bool) -> Admission:
-        if self.eta is not None and not prefix_kept:
-            self._set_deadline(group, self.synced + self.eta)  # group.admit_version is now synced
+        if self.eta is not None:
+            if self.params.refine_on_start and group.start_version is not None:
+                group.admit_version = max(group.admit_version, group.start_version)  # the barrier
+            self._set_deadline(group, group.admit_version + self.eta)
         priority = float(group.deadline if group.deadline is not None else group.seq)
         return Admission(group.uid, group.prompt_id, group.admit_version, group.deadline, priority, group.planned_step)
 

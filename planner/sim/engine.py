@@ -175,6 +175,7 @@ class Simulator:
                 raise ValueError(f"policy {self.policy.name} admitted uid {a.uid}: neither a candidate nor a lost group")
             self.ledger.admit(a)
             g.priority = a.priority
+            g.min_version = a.version
             self._route(g)
         self._changed = True
 
@@ -221,7 +222,11 @@ class Simulator:
 
     # ================================================================== workers
     def _route(self, g: SimGroup) -> None:
-        """Send a group to the least-loaded live worker (or park it while none is alive)."""
+        """Send a group to the least-loaded live worker (or park it while none is alive).
+
+        Workers that already hold the group's start barrier (`min_version`) go first; a group sent
+        to an older worker waits there until it has loaded newer weights.
+        """
         g.seq = self._enqueue_seq
         self._enqueue_seq += 1
         live = [w for w in self.workers if w.alive]
@@ -229,7 +234,7 @@ class Simulator:
             g.state, g.worker = GState.QUEUED, -1
             self.parked.append(g)
             return
-        w = min(live, key=Worker.load)
+        w = min([w for w in live if w.version >= g.min_version] or live, key=Worker.load)
         w.enqueue(g)
         self._kick(w)
 

@@ -117,6 +117,8 @@ class Worker:
             if group.state != GState.QUEUED or group.worker != self.index:
                 heappop(queue)  # dropped or re-routed while queued
                 continue
+            if group.min_version > self.version:
+                break  # its start barrier: wait for newer weights (strict priority order)
             rem = [l - d for l, d in zip(group.lengths, group.done_tok)]
             n = sum(1 for r in rem if r > 0)
             kv = group.prompt_tokens + sum(group.lengths)

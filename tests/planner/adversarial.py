@@ -39,6 +39,7 @@ class AdversarialDriver:
         self.next_uid = 0
         self.pending: list[Candidate] = []
         self.queued: dict[int, float] = {}  # uid -> priority
+        self.barrier: dict[int, int] = {}  # uid -> Admission.version: never start on older weights
         self.running: dict[int, int] = {}  # uid -> version at start (after resume: at resume)
         self.prefix: dict[int, dict[int, int]] = {}  # uid -> tokens kept across a resume
         self.done_versions: dict[int, list[tuple[int, int]]] = {}
@@ -54,6 +55,7 @@ class AdversarialDriver:
             self.ledger.admit(a)
             self.running.pop(a.uid, None)
             self.queued[a.uid] = a.priority
+            self.barrier[a.uid] = a.version
         for dr in d.drop:
             self.ledger.drop(dr)
             self.queued.pop(dr.uid, None)
@@ -82,15 +84,17 @@ class AdversarialDriver:
         else:
             uid = self.rng.choice(sorted(self.queued))
         del self.queued[uid]
-        self.running[uid] = self.synced
-        self.ledger.start(uid, self.synced)
-        self.apply(self.p.on_group_started(uid=uid, version=self.synced, now=self.now))
+        # Any worker may take it: one still on the synced version or one that loaded newer weights.
+        version = self.rng.randint(max(self.synced, self.barrier[uid]), self.published)
+        self.running[uid] = version
+        self.ledger.start(uid, version)
+        self.apply(self.p.on_group_started(uid=uid, version=version, now=self.now))
 
     def finish_one(self) -> None:
         uid = self.rng.choice(sorted(self.running))
         v0 = self.running.pop(uid)
         counts = dict(self.prefix.pop(uid, {}))
-        top = self.synced if self.partial else v0
+        top = self.published if self.partial else v0
         for _ in range(self.rng.randint(1, 4)):
             v = self.rng.randint(v0, top)
             counts[v] = counts.get(v, 0) + self.rng.randint(1, 30)
