@@ -20,7 +20,7 @@ run in DIR from its newest checkpoint: same ledger, same metrics, the step count
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import logging
 import signal
 import sys
 import time
@@ -59,7 +59,8 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     from jaxrl_async.engines.core import EngineConfig
     from jaxrl_async.runtime.config import RunConfig, build_dataclass
     from jaxrl_async.trainer.config import TrainerConfig
-    from planner.registry import policy_class
+    from planner.registry import make_policy
+    from planner.types import PlanContext
 
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
     plain.pop("hydra", None)
@@ -77,7 +78,9 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     name = policy.pop("name", None)
     if not isinstance(name, str):
         raise ValueError(f"policy.name={name!r}: every conf/policy/*.yaml names its policy")
-    policy_class(name)  # unknown names fail here, against the registry itself
+    overrides = {k: v for k, v in policy.items() if v is not None}  # null: derived from max_staleness
+    # Built once here so that an unknown policy or a bad native parameter fails at start-up.
+    make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps), overrides)
     engine_values = groups["engine"]
     if engine_values.pop("name", "jax") != "jax":
         raise ValueError(f"engine.name={engine_values.get('name')!r}: the local runtime drives the 'jax' engine")
@@ -86,8 +89,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         raise ValueError(f"engine.num_slots={engine.num_slots}: must be >= group_size={run.group_size} "
                          "(a group's samples are decoded together)")
     trainer = TrainerConfig.from_dict(groups["trainer"])
-    return TrainSetup(run, model, groups["task"], name, {k: v for k, v in policy.items() if v is not None},
-                      engine, trainer)
+    return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer)
 
 
 class TrainJob:
@@ -268,6 +270,7 @@ def run_dir_for(setup: TrainSetup, hydra_dir: str) -> Path:
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
     started = time.monotonic()
     try:
         setup = typed_config(cfg)

@@ -35,6 +35,7 @@ import asyncio
 import dataclasses
 import time
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -124,7 +125,10 @@ class Controller:
         self._error: BaseException | None = None
         self._tasks: set[asyncio.Task] = set()
         self._commands: list[tuple[str, Any]] = []  # engine calls of the decision being applied
+        # Train steps get a thread of their own: slow user reward functions fill the default pool.
+        self._train_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train-step")
         self._t0 = 0.0
+        self._engine_t0 = 0.0
         self._segment_first_step = 0
         self._busy_at_start = (0.0, 0.0)  # (trainer, generator) busy seconds of earlier segments
         self._trainer_busy_s = 0.0  # this segment
@@ -141,7 +145,7 @@ class Controller:
         """Checkpoint and end the run at the next step boundary (SIGTERM handler)."""
         self._stop = True
         if self._done is not None:
-            self._spawn(self._stop_if_idle())
+            self._spawn(self._stop_if_idle)
 
     async def run(self) -> RunResult:
         self._t0 = time.monotonic()
@@ -150,13 +154,14 @@ class Controller:
         self._step_wait_since = self.now()
         self._last_record = (self.now(), self.stats.tokens_generated)
         self._segment_first_step = self.step
+        self._engine_t0 = time.monotonic()
         await self.engine.start()
         try:
             if self.version:
                 params = cast_like(self.trainer.params(copy=False), self.engine_dtype)
                 await self.engine.update_weights(params, self.version)
-            self._spawn(self._read_outputs())
-            self._spawn(self._begin())
+            self._spawn(self._read_outputs)
+            self._spawn(self._begin)
             await self._done.wait()
             if self._error is not None:
                 raise self._error
@@ -166,6 +171,7 @@ class Controller:
                 task.cancel()
             await asyncio.gather(*self._tasks, return_exceptions=True)
             await self.engine.stop()
+            self._train_thread.shutdown(wait=True)
             self.ledger.flush()
 
     async def _begin(self) -> None:
@@ -186,22 +192,27 @@ class Controller:
 
     async def _stats_now(self) -> RunStats:
         """`self.stats` with this segment's wall time and busy seconds added."""
-        engine = await self.engine.stats()
         stats = dataclasses.replace(self.stats)
         stats.elapsed_s = self.now()
         stats.trainer_busy_s = self._busy_at_start[0] + self._trainer_busy_s
-        stats.generator_busy_s = self._busy_at_start[1] + engine.busy_fraction * (time.monotonic() - self._t0)
+        stats.generator_busy_s = self._busy_at_start[1] + await self._engine_busy_s()
         return stats
 
+    async def _engine_busy_s(self) -> float:
+        """Seconds the engine spent generating in this segment (its busy fraction since its start)."""
+        return (await self.engine.stats()).busy_fraction * (time.monotonic() - self._engine_t0)
+
     # ================================================================== tasks
-    def _spawn(self, coro) -> None:
-        task = asyncio.get_running_loop().create_task(self._guard(coro))
+    def _spawn(self, fn, *args) -> None:
+        """Run `fn(*args)` as a task whose failure ends the run (the coroutine is made inside the
+        task, so a task cancelled before it starts leaves no never-awaited coroutine behind)."""
+        task = asyncio.get_running_loop().create_task(self._guard(fn, *args))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _guard(self, coro) -> None:
+    async def _guard(self, fn, *args) -> None:
         try:
-            await coro
+            await fn(*args)
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # noqa: BLE001 - any failure ends the run, re-raised by run()
@@ -324,7 +335,7 @@ class Controller:
                                 "on_group_started")
                 if event.group_done:
                     self.groups[group.uid].phase = SCORING
-                    self._spawn(self._score(self.groups[group.uid]))
+                    self._spawn(self._score, self.groups[group.uid])
                 else:
                     for version, count in event.new_tokens:
                         self._apply(self.policy.on_tokens(uid=group.uid, version=version, tokens=count, now=now),
@@ -361,15 +372,17 @@ class Controller:
             groups.append(self.groups.pop(uid).rollout)
         self.ledger.train(step, [(g.uid, g.token_versions()) for g in groups])
         self._training = True
-        self._spawn(self._train(step, groups))
+        self._spawn(self._train, step, groups)
 
     async def _train(self, step: int, groups: list[GroupRollout]) -> None:
         wait_s = self.now() - self._step_wait_since
         batch = make_train_batch(groups, rows_multiple=self.trainer.cfg.num_microbatches)
-        t0 = time.monotonic()
-        metrics = await asyncio.to_thread(self.trainer.step, batch)
+        gen0, t0 = await self._engine_busy_s(), time.monotonic()
+        metrics = await asyncio.get_running_loop().run_in_executor(self._train_thread, self.trainer.step, batch)
         train_s = time.monotonic() - t0
+        overlap_s = await self._engine_busy_s() - gen0  # generation while the trainer trained
         self._trainer_busy_s += train_s
+        self.stats.overlap_s += overlap_s
         hist = batch_staleness(step, groups)
         async with self._mutex:
             self.stats.add_batch(hist)
@@ -383,7 +396,7 @@ class Controller:
             if not last:
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
             await self._flush_engine_commands()
-            await self._record(step, groups, hist, metrics, wait_s, train_s)
+            await self._record(step, groups, hist, metrics, wait_s, train_s, overlap_s)
         if not last:
             params = cast_like(self.trainer.params(copy=False), self.engine_dtype)
             await self.engine.update_weights(params, version)
@@ -421,7 +434,7 @@ class Controller:
                 self._done.set()
 
     async def _record(self, step: int, groups: list[GroupRollout], hist: dict[int, int],
-                      metrics: dict[str, float], wait_s: float, train_s: float) -> None:
+                      metrics: dict[str, float], wait_s: float, train_s: float, overlap_s: float) -> None:
         """One metrics record per step, to every sink (metrics.jsonl, TensorBoard, progress)."""
         stats = await self._stats_now()
         now = stats.elapsed_s
@@ -444,6 +457,7 @@ class Controller:
             "skipped": int(metrics["skipped"]),
             "wait_s": wait_s,
             "train_s": train_s,
+            "generator_busy_in_step": overlap_s / max(train_s, 1e-9),
             "elapsed_s": now,
             "inflight_groups": self.groups_in_flight(),
             "done_groups": sum(g.phase == DONE for g in self.groups.values()),

@@ -35,6 +35,7 @@ class RunStats:
     elapsed_s: float = 0.0  # wall seconds of earlier segments (the current one is added live)
     trainer_busy_s: float = 0.0
     generator_busy_s: float = 0.0
+    overlap_s: float = 0.0  # generator busy while a train step ran: the asynchrony, measured
     steps_done: int = 0
     steps_skipped: int = 0  # non-finite loss or gradient: update skipped, weights unchanged
     groups_admitted: int = 0  # first admissions (re-admissions after a fault excluded)
@@ -94,6 +95,7 @@ def summary(stats: RunStats, *, policy: str, max_staleness: int | None, elapsed_
         "generator_busy_fraction": min(1.0, generator_busy_s / elapsed),
         "steps_per_hour": 3600.0 * stats.steps_done / elapsed,
         # extensions
+        "overlap_fraction": stats.overlap_s / max(stats.trainer_busy_s, 1e-9),
         "steps_skipped": stats.steps_skipped,
         "groups_readmitted": stats.groups_readmitted,
         "tokens_generated": stats.tokens_generated,

@@ -1,0 +1,103 @@
+"""Checkpoints: the orbax round trip, and a run stopped by SIGTERM that resumes without losing,
+repeating or out-aging anything."""
+
+import os
+import signal
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_async.checkpoint import Checkpointer, truncate
+from jaxrl_async.models.loading import load_model
+from jaxrl_async.trainer.batch import pad_batch
+from jaxrl_async.trainer.config import TrainerConfig
+from jaxrl_async.trainer.trainer import Trainer
+from planner.audit import audit
+from tests.jaxrl_async.train_runs import StepProbe, make_job, read_jsonl
+
+
+def trained_trainer(steps: int) -> Trainer:
+    trainer = Trainer(load_model("tiny").model, TrainerConfig.from_dict({"optim": {"lr": 1e-2}}))
+    rows = [([1, 2, 3], [4, 5], [-1.0, -2.0], float(i % 2), i // 2) for i in range(8)]
+    for _ in range(steps):
+        trainer.step(pad_batch(rows))
+    return trainer
+
+
+def test_params_optimizer_state_version_and_meta_survive_a_round_trip(tmp_path):
+    trainer = trained_trainer(2)
+    ckpt = Checkpointer(tmp_path, keep=2)
+    ckpt.save(2, trainer.state_dict(), {"step": 2, "policy": {"groups": [1, 2]}})
+    expected = jax.tree.map(np.array, trainer.state_dict())
+    trained_trainer(0)  # unrelated work while orbax writes
+    ckpt.wait()
+    fresh = trained_trainer(0)
+    state, meta = Checkpointer(tmp_path).restore(fresh.state_dict())
+    fresh.load_state_dict(state)
+    assert meta == {"step": 2, "policy": {"groups": [1, 2]}, "trainer_version": 2}
+    assert fresh.version == 2
+    got = jax.tree.map(np.array, fresh.state_dict())
+    assert jax.tree.all(jax.tree.map(np.array_equal, got, expected))
+
+
+def test_only_the_newest_checkpoints_are_kept(tmp_path):
+    trainer = trained_trainer(0)
+    ckpt = Checkpointer(tmp_path, keep=2, every=3)
+    for step in (3, 6, 9):
+        ckpt.save(step, trainer.state_dict(), {"step": step})
+    ckpt.close()
+    assert sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == [6, 9]
+    assert ckpt.due(6) and not ckpt.due(7)
+
+
+def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path):
+    with pytest.raises(ValueError, match="resume: no checkpoint in"):
+        Checkpointer(tmp_path).restore(trained_trainer(0).state_dict())
+
+
+def test_logs_are_cut_back_to_the_checkpoint(tmp_path):
+    log = tmp_path / "ledger.jsonl"
+    log.write_text('{"a": 1}\n{"b": 2}\n')
+    truncate(log, 9)
+    assert log.read_text() == '{"a": 1}\n'
+    with pytest.raises(ValueError, match="fewer than the 100 the checkpoint recorded"):
+        truncate(log, 100)
+
+
+@pytest.mark.slow
+def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit(tmp_path):
+    steps, stop_after = 10, 3
+    common = [f"steps={steps}", "batch_groups=2", "group_size=4", "max_new_tokens=4", "max_staleness=2"]
+
+    job = make_job(tmp_path, common)
+
+    def sigterm_after(record):
+        if record["step"] == stop_after - 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # the real signal path: the loop's handler
+
+    job.controller.sinks.append(StepProbe(sigterm_after))
+    first = job.run()
+    # A signal lands asynchronously: the run stops at the first step boundary after it arrives.
+    assert not first["completed"] and stop_after <= first["steps"] < steps
+    ledger = read_jsonl(tmp_path / "ledger.jsonl")
+    assert sum(e["event"] == "train" for e in ledger) == first["steps"]
+    untrained_at_stop = {e["uid"] for e in ledger if e["event"] == "admit"} - {
+        g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]}
+    assert untrained_at_stop  # η = 2: groups of later steps were admitted at the stop
+    generating_at_stop = {uid for uid, g in job.controller.groups.items() if g.phase != "done"}
+
+    resumed = make_job(tmp_path, common + ["resume=true"])
+    second = resumed.run()
+    assert second["completed"] and second["steps"] == steps  # the count continues: same total as one run
+    report = audit(tmp_path, 2)
+    assert report.ok, report.verdict()
+    assert report.steps == steps and report.groups_trained == 2 * steps
+    assert not report.trained_twice and not report.lost and report.groups_dropped == 0
+    assert report.max_token_staleness <= 2
+    trains = [e["step"] for e in read_jsonl(tmp_path / "ledger.jsonl") if e["event"] == "train"]
+    assert trains == list(range(steps))
+    # Groups generating at the stop were regenerated (a second `admit`); done ones kept their samples.
+    assert second["groups_readmitted"] == report.readmissions == len(generating_at_stop)
+    assert second["groups_admitted"] == 2 * steps
+    assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(steps))

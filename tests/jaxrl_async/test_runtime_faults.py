@@ -1,0 +1,94 @@
+"""Faults a real run must survive: a bad reward function, and a non-finite loss."""
+
+import math
+import time
+from collections.abc import AsyncIterator
+
+import jax
+import numpy as np
+import pytest
+
+from jaxrl_async.engines.base import GenerationEngine, SampleOutput
+from planner.audit import audit
+from tests.jaxrl_async.train_runs import StepProbe, make_job, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["steps=4", "batch_groups=2", "group_size=4", "max_new_tokens=4"]
+
+
+def flaky_reward(prompt_text: str, completion_text: str, answer) -> float:
+    """A user reward that raises on letter a, hangs past the timeout on b, works otherwise."""
+    if answer == "a":
+        raise RuntimeError("reward service unavailable")
+    if answer == "b":
+        time.sleep(1.0)
+    return completion_text.count(answer) / max(1, len(completion_text))
+
+
+def test_a_reward_function_that_raises_or_times_out_scores_zero_is_counted_and_the_group_is_trained(tmp_path):
+    job = make_job(tmp_path, SMALL + ["task.alphabet=ab", "task.num_prompts=4", "task.reward_timeout_s=0.2",
+                                      "task.reward_fn=tests.jaxrl_async.test_runtime_faults:flaky_reward"])
+    summary = job.run()
+    # Every sample of every prompt failed: half raised, half timed out.
+    assert summary["reward_errors"] == summary["rewards_scored"] == 2 * 4 * 4
+    assert summary["groups_trained"] == 8 and summary["groups_dropped"] == 0 and summary["audit_ok"]
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert all(m["reward_mean"] == 0.0 for m in metrics)
+    assert metrics[-1]["reward_errors"] == 32
+
+
+class NaNLogprobEngine(GenerationEngine):
+    """The real engine, with one sample's behaviour log-probs turned into NaN (what an fp overflow in
+    a real engine looks like). The group that holds it makes its batch's loss non-finite."""
+
+    def __init__(self, inner: GenerationEngine, request_id: str) -> None:
+        self.inner, self.request_id = inner, request_id
+
+    async def start(self):
+        await self.inner.start()
+
+    async def stop(self):
+        await self.inner.stop()
+
+    async def submit(self, request):
+        await self.inner.submit(request)
+
+    async def abort(self, request_id):
+        await self.inner.abort(request_id)
+
+    async def update_weights(self, params, version):
+        await self.inner.update_weights(params, version)
+
+    async def stats(self):
+        return await self.inner.stats()
+
+    async def outputs(self) -> AsyncIterator[SampleOutput]:
+        async for out in self.inner.outputs():
+            if out.request_id == self.request_id and out.sample_index == 0:
+                out = SampleOutput(out.request_id, 0, out.token_ids, [math.nan] * len(out.logprobs),
+                                   out.versions, out.finish_reason, out.done)
+            yield out
+
+
+def param_fingerprint(trainer) -> float:
+    return float(sum(np.abs(np.asarray(x, np.float64)).sum() for x in jax.tree.leaves(trainer.params(copy=False))))
+
+
+def test_a_nan_loss_skips_the_step_reports_it_and_leaves_the_weights_unchanged(tmp_path):
+    job = make_job(tmp_path, SMALL + ["max_staleness=0"])  # η = 0: uid 0 is in batch 0
+    controller = job.controller
+    controller.engine = NaNLogprobEngine(controller.engine, "0.0")
+    before = param_fingerprint(job.trainer)
+    prints = []
+    controller.sinks.append(StepProbe(lambda r: prints.append((r["step"], r["skipped"], param_fingerprint(job.trainer)))))
+    summary = job.run()
+    assert [(s, k) for s, k, _ in prints] == [(0, 1), (1, 0), (2, 0), (3, 0)]
+    assert prints[0][2] == before  # the skipped update left the weights as they were
+    assert prints[1][2] != before  # the next one trained
+    assert summary["steps_skipped"] == 1 and summary["steps"] == 4
+    assert job.trainer.version == 3  # applied updates; the run still published versions 1..3
+    metrics = read_jsonl(tmp_path / "metrics.jsonl")
+    assert metrics[0]["skipped"] == 1 and metrics[0]["loss"] is None  # NaN is written as null
+    report = audit(tmp_path, 0)
+    assert report.ok and report.max_token_staleness == 0, report.verdict()

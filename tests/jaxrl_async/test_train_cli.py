@@ -1,0 +1,68 @@
+"""`python -m jaxrl_async.train` start-up errors: one line and exit status 1, never a traceback."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jaxrl_async.train import typed_config
+from tests.jaxrl_async.train_runs import CONF_DIR, QUIET
+
+REPO = CONF_DIR.parent
+
+
+def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "HYDRA_FULL_ERROR": "0"}
+    return subprocess.run(
+        [sys.executable, "-m", "jaxrl_async.train", *QUIET, f"hydra.run.dir={tmp_path / 'run'}", *overrides],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_an_unknown_config_key_is_hydras_error_and_a_nonzero_exit(tmp_path):
+    proc = train(tmp_path, "batch_grups=4")
+    assert proc.returncode != 0
+    assert "batch_grups" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run" / "ledger.jsonl").exists()
+
+
+def test_a_dataset_line_missing_a_field_is_one_line_naming_file_and_line(tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "say a", "answer": "a"}\n{"answer": "b"}\n')
+    proc = train(tmp_path, "task=custom", f"task.path={data}")
+    assert proc.returncode == 1
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {data}:2: missing field 'prompt' (has ['answer'])"], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_bad_value_is_one_line_naming_the_key(tmp_path):
+    proc = train(tmp_path, "batch_groups=0")
+    assert proc.returncode == 1
+    assert "error: batch_groups=0: must be an int >= 1" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def compose_plain(overrides):
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+        return compose("train", overrides=overrides)
+
+
+def test_the_default_config_is_the_embedded_setup():
+    setup = typed_config(compose_plain([]))
+    assert setup.model.source == "tiny" and setup.task["name"] == "repeat_letter"
+    assert setup.policy_name == "lookahead" and setup.run.max_staleness == 1
+    assert setup.trainer.optim.total_steps == setup.run.steps  # the schedule spans the run
+
+
+@pytest.mark.parametrize("override, message", [
+    ("policy.predictor=psychic", "predictor"),
+    ("engine.num_slots=4", "engine.num_slots=4: must be >= group_size=8"),
+    ("cluster.name=ray", "cluster='ray'"),
+])
+def test_bad_group_values_are_one_line_errors(override, message):
+    with pytest.raises(ValueError, match=message) as info:
+        typed_config(compose_plain([override]))
+    assert "\n" not in str(info.value)
