@@ -6,13 +6,15 @@ and FSDP axes span processes with no other change: each process runs the same pr
 same global batch (multi-controller SPMD) and XLA moves only the shards.
 
 Where the three arguments come from (`DistributedConfig.mode`):
-- `explicit`: `coordinator_address`, `num_processes`, `process_id` from the config (the
-  `multiprocess` launcher sets them for N processes on one machine).
+- `explicit`: `coordinator_address`, `num_processes`, `process_id` from the config, or else
+  from `JAXRL_COORDINATOR_ADDRESS`, `JAXRL_NUM_PROCESSES`, `JAXRL_PROCESS_ID` (what the
+  `multiprocess` and `tpu` launchers set, so the same command line serves every process).
 - `slurm`: `SLURM_NTASKS`, `SLURM_PROCID` and the first host of `SLURM_STEP_NODELIST` (or
   `SLURM_JOB_NODELIST`) with `port`; one task per host (or per GPU) is the sbatch template's job.
 - `tpu`: JAX's own TPU-pod detection (`jax.distributed.initialize()` with no arguments), which
   reads the TPU VM metadata; the launcher runs the same command on every worker.
-- `auto`: explicit if a coordinator is configured, else SLURM when `SLURM_NTASKS` > 1, else TPU
+- `auto`: the mode named by `JAXRL_DISTRIBUTED_MODE` if set (the tpu launcher sets it), else
+  explicit if a coordinator is configured (config or env), else SLURM when `SLURM_NTASKS` > 1, else TPU
   when `TPU_WORKER_HOSTNAMES` names several hosts, else a single process (no initialize).
 - `none`: single process.
 
@@ -67,11 +69,6 @@ class DistributedConfig:
                              f"must be one of {CPU_COLLECTIVES}")
         if self.num_processes is not None and self.num_processes < 1:
             raise ValueError(f"cluster.distributed.num_processes={self.num_processes}: must be >= 1")
-        if self.mode == "explicit" and (self.coordinator_address is None or self.num_processes is None
-                                        or self.process_id is None):
-            raise ValueError("cluster.distributed.mode=explicit needs coordinator_address, "
-                             f"num_processes and process_id; got {self.coordinator_address!r}, "
-                             f"{self.num_processes!r}, {self.process_id!r}")
         if self.process_id is not None and self.num_processes is not None and \
                 not 0 <= self.process_id < self.num_processes:
             raise ValueError(f"cluster.distributed.process_id={self.process_id}: must be in "
@@ -109,7 +106,16 @@ def first_slurm_host(nodelist: str) -> str:
 
 
 def _from_explicit(cfg: DistributedConfig, env: Mapping[str, str]) -> InitArgs:
-    return InitArgs("explicit", cfg.coordinator_address, cfg.num_processes, cfg.process_id)
+    address = cfg.coordinator_address or env.get("JAXRL_COORDINATOR_ADDRESS")
+    count = cfg.num_processes if cfg.num_processes is not None else env.get("JAXRL_NUM_PROCESSES")
+    rank = cfg.process_id if cfg.process_id is not None else env.get("JAXRL_PROCESS_ID")
+    if address is None or count is None or rank is None:
+        raise ValueError("cluster.distributed.mode=explicit needs coordinator_address, num_processes and "
+                         f"process_id (or JAXRL_* env); got {address!r}, {count!r}, {rank!r}")
+    count, rank = int(count), int(rank)
+    if not 0 <= rank < count:
+        raise ValueError(f"cluster.distributed process_id={rank}: must be in [0, num_processes={count})")
+    return InitArgs("explicit", address, count, rank)
 
 
 def _from_slurm(cfg: DistributedConfig, env: Mapping[str, str]) -> InitArgs:
@@ -139,8 +145,12 @@ def resolve(cfg: DistributedConfig, env: Mapping[str, str]) -> InitArgs | None:
     """What to pass to `jax.distributed.initialize` for this config and environment (None: single
     process). Pure: reads only its arguments, so launchers' dry runs and tests can call it."""
     mode = cfg.mode
+    if mode == "auto" and env.get("JAXRL_DISTRIBUTED_MODE"):
+        mode = env["JAXRL_DISTRIBUTED_MODE"]
+        if mode not in MODES:
+            raise ValueError(f"JAXRL_DISTRIBUTED_MODE={mode!r}: must be one of {MODES}")
     if mode == "auto":
-        if cfg.coordinator_address is not None:
+        if cfg.coordinator_address is not None or "JAXRL_COORDINATOR_ADDRESS" in env:
             mode = "explicit"
         elif int(env.get("SLURM_NTASKS", "1")) > 1:
             mode = "slurm"

@@ -87,6 +87,13 @@ def test_process_id_outside_the_process_count_is_refused():
         DistributedConfig(mode="explicit", coordinator_address="127.0.0.1:1", num_processes=2, process_id=2)
 
 
+def test_launcher_environment_gives_an_explicit_coordinator():
+    env = {"JAXRL_COORDINATOR_ADDRESS": "10.0.0.1:8476", "JAXRL_NUM_PROCESSES": "4", "JAXRL_PROCESS_ID": "2"}
+    assert resolve(DistributedConfig(), env) == InitArgs("explicit", "10.0.0.1:8476", 4, 2)
+    with pytest.raises(ValueError, match=r"process_id=4: must be in \[0, num_processes=4\)"):
+        resolve(DistributedConfig(), {**env, "JAXRL_PROCESS_ID": "4"})
+
+
 def test_first_slurm_host_reads_plain_and_bracketed_lists():
     assert first_slurm_host("node7") == "node7"
     assert first_slurm_host("a[10-12]") == "a10"

@@ -1,0 +1,72 @@
+"""`python -m launch <target> --dry-run` prints exactly the commands each target would run."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch.launch import TARGETS, main
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dry(capsys, *argv: str) -> list[str]:
+    assert main([*argv[:1], "--dry-run", *argv[1:]]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_local_runs_the_train_module_with_the_overrides(capsys):
+    assert _dry(capsys, "local", "steps=3", "engine=jax") == ["python -m jaxrl_async.train steps=3 engine=jax"]
+
+
+def test_multiprocess_starts_one_process_per_rank_with_a_shared_coordinator(capsys):
+    assert _dry(capsys, "multiprocess", "--nproc", "2", "--port", "9100", "steps=3") == [
+        f"JAXRL_COORDINATOR_ADDRESS=127.0.0.1:9100 JAXRL_NUM_PROCESSES=2 JAXRL_PROCESS_ID={i} "
+        "python -m jaxrl_async.train steps=3" for i in range(2)]
+
+
+def test_ray_submits_a_job_that_selects_cluster_ray(capsys):
+    assert _dry(capsys, "ray", "--address", "http://head:8265", "engine=vllm") == [
+        "ray job submit --address=http://head:8265 --working-dir=. -- "
+        "python -m jaxrl_async.train cluster=ray engine=vllm"]
+
+
+def test_slurm_goes_through_hydras_submitit_launcher(capsys):
+    assert _dry(capsys, "slurm", "--nodes", "2", "--tasks-per-node", "8", "--gpus-per-node", "8",
+                "--partition", "gpu", "steps=100") == [
+        "python -m jaxrl_async.train --multirun hydra/launcher=slurm hydra.launcher.nodes=2 "
+        "hydra.launcher.tasks_per_node=8 hydra.launcher.gpus_per_node=8 hydra.launcher.timeout_min=240 "
+        "hydra.launcher.partition=gpu steps=100"]
+
+
+def test_sbatch_uses_the_template_with_the_overrides_after_it(capsys):
+    assert _dry(capsys, "sbatch", "--nodes", "2", "steps=100") == [
+        "sbatch --nodes=2 --ntasks-per-node=1 --gpus-per-node=1 --time=240 launch/slurm/train.sbatch steps=100"]
+    assert (REPO / "launch/slurm/train.sbatch").exists()
+
+
+def test_tpu_runs_the_same_command_on_every_pod_worker(capsys):
+    assert _dry(capsys, "tpu", "--tpu-name", "pod", "--zone", "us-central2-b", "steps=5") == [
+        "gcloud compute tpus tpu-vm ssh pod --zone=us-central2-b --worker=all "
+        "'--command=cd jaxrl-async && JAXRL_DISTRIBUTED_MODE=tpu python -m jaxrl_async.train steps=5'"]
+
+
+def test_every_target_has_a_dry_run_test():
+    tested = {"local", "multiprocess", "ray", "slurm", "sbatch", "tpu"}
+    assert set(TARGETS) == tested
+
+
+def test_an_unknown_option_is_a_one_line_error():
+    with pytest.raises(ValueError, match=r"unknown option --nodez=2 for target sbatch"):
+        main(["sbatch", "--dry-run", "--nodez=2"])
+    with pytest.raises(ValueError, match=r"tpu target needs --tpu-name and --zone"):
+        main(["tpu", "--dry-run"])
+
+
+def test_the_module_entry_point_prints_the_same_commands():
+    out = subprocess.run([sys.executable, "-m", "launch", "local", "--dry-run", "steps=2"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
+    assert out == "python -m jaxrl_async.train steps=2\n"
