@@ -21,7 +21,7 @@ def edf_fits(deadlines: list[int], first_step: int, batch: int) -> bool:
 
 
 def wait_is_forced(p: Lookahead) -> str | None:
-    done = sorted((g for g in p.groups.values() if g.status == Status.DONE), key=lambda g: (g.deadline, g.seq, g.uid))
+    done = sorted((g for g in p.groups.values() if g.status == Status.DONE), key=lambda g: (g.deadline, g.finish_seq, g.uid))
     if len(done) < p.B:
         return None
     chosen = {g.uid for g in done[: p.B]}
