@@ -44,6 +44,7 @@ class JaxEngine(GenerationEngine):
         self._weight_waiters: list[tuple[int, asyncio.Future]] = []  # loop thread
         self._busy_s = 0.0
         self._started_at = 0.0
+        self._error: BaseException | None = None  # set when the worker thread died
 
     # ------------------------------------------------------------ event-loop side
 
@@ -56,15 +57,19 @@ class JaxEngine(GenerationEngine):
         self._thread.start()
 
     async def stop(self) -> None:
-        if self._thread is None:
-            return
         with self._wake:
             self._stopping = True
             self._wake.notify()
-        await asyncio.to_thread(self._thread.join)
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+        for _, fut in self._weight_waiters:
+            if not fut.done():
+                fut.set_exception(RuntimeError("JaxEngine stopped before the new weights were in use"))
+        self._weight_waiters = []
         self._out.put_nowait(_STOP)
 
     async def submit(self, request: GenerationRequest) -> None:
+        self._raise_if_failed()
         if request.request_id in self._live:
             raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
         self.core.check_request(request)
@@ -76,6 +81,7 @@ class JaxEngine(GenerationEngine):
             self._send("abort", request_id)
 
     async def update_weights(self, params: Any, version: int) -> None:
+        self._raise_if_failed()
         # Checked and copied in the caller, before anything else is awaited: commands reach the
         # worker in call order, so a request submitted after this call waits for the swap.
         state = self.core.check_params(params)
@@ -88,6 +94,7 @@ class JaxEngine(GenerationEngine):
         while True:
             item = await self._out.get()
             if item is _STOP:
+                self._out.put_nowait(_STOP)  # any later reader ends too
                 return
             if isinstance(item, BaseException):
                 raise item
@@ -101,6 +108,10 @@ class JaxEngine(GenerationEngine):
             queued=core.queued + sum(kind == "submit" for kind, _ in list(self._commands)),
             busy_fraction=self._busy_s / elapsed if elapsed > 0 else 0.0,
             version=core.version, extra={"counters": dict(core.counters)})
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"JaxEngine's worker thread died: {self._error!r}") from self._error
 
     def _send(self, kind: str, payload: Any) -> None:
         with self._wake:
@@ -127,6 +138,7 @@ class JaxEngine(GenerationEngine):
 
     def _fail(self, error: BaseException) -> None:
         """Loop thread: the worker died; every waiter and the output stream get the error."""
+        self._error = error
         for _, fut in self._weight_waiters:
             if not fut.done():
                 fut.set_exception(error)

@@ -97,18 +97,25 @@ def test_drain_mode_update_waits_for_in_flight_samples_to_finish(models):
     new_params = nnx.split(models[1], nnx.Param, ...)[1]
 
     async def main():
-        engine = JaxEngine(models[0], CFG, EngineConfig(**ENGINE, sync_mode="drain"))
+        engine = JaxEngine(models[0], CFG, EngineConfig(**ENGINE, sync_mode="drain", stream_every=1))
         await engine.start()
         await engine.submit(GenerationRequest("old", [1, 2], SamplingParams(30, temperature=0.0)))
         stream = engine.outputs()
+        pieces = [await anext(stream)]  # "old" is in flight
         update = asyncio.create_task(engine.update_weights(new_params, version=1))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the update's command is sent before the next submit
         await engine.submit(GenerationRequest("new", [1, 2], SamplingParams(5, temperature=0.0)))
-        old = await anext(stream)
+        async for out in stream:
+            pieces.append(out)
+            if out.done and out.request_id == "old":
+                break
         await update
-        new = await anext(stream)
+        async for out in stream:
+            pieces.append(out)
+            if out.done:
+                break
         await engine.stop()
-        return old, new
+        return [join_outputs(p for p in pieces if p.request_id == name) for name in ("old", "new")]
 
     old, new = asyncio.run(main())
     assert (old.request_id, old.versions) == ("old", [[0, 30]])
@@ -143,3 +150,17 @@ def test_submit_and_update_errors_surface_in_the_caller_and_an_abort_still_ends_
         assert (out.request_id, out.sample_index, out.token_ids, out.finish_reason, out.done) == (
             "ok", i, [], "abort", True)
     assert (again.request_id, again.finish_reason, len(again.token_ids)) == ("ok", "length", 3)
+
+
+def test_stop_fails_a_pending_weight_update_instead_of_leaving_it_hanging(models):
+    new_params = nnx.split(models[1], nnx.Param, ...)[1]
+
+    async def main():
+        engine = JaxEngine(models[0], CFG, EngineConfig(**ENGINE))  # never started: never swaps
+        update = asyncio.create_task(engine.update_weights(new_params, version=1))
+        await asyncio.sleep(0)
+        await engine.stop()
+        with pytest.raises(RuntimeError, match="stopped before the new weights were in use"):
+            await update
+
+    asyncio.run(main())

@@ -1,0 +1,101 @@
+"""JAX engine decode throughput vs `transformers` generate (torch, CPU) on SmolLM2-135M.
+
+Measures, in one run and side by side (the two alternate, so both see the same machine load):
+- tokens/s of the JAX `EngineCore` (continuous batching over `batch` slots, greedy, no stop
+  token, prefill included) and of `transformers` `generate` (greedy, `min_new_tokens` =
+  `max_new_tokens`, same weights: the dequantized GGUF written as HF safetensors, float32);
+- batch 1 and batch 32 (default), medians of 3 runs, and the ratio JAX / torch;
+- the engine's compile time (`EngineCore.warmup`: every prefill bucket and the decode step);
+- how many greedy tokens agree between the two (a sanity check, not a test: float32 sums in a
+  different order can flip a near-tie and the sequences then diverge).
+
+Not a test: `python benchmarks/bench_engine.py [--batches 1 32 --prompt-len 32 --new 64]`.
+Prints a table and one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+import jax
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM
+
+from jaxrl_async.engines.base import GenerationRequest, SamplingParams
+from jaxrl_async.engines.core import EngineConfig, EngineCore
+from jaxrl_async.models.hf_weights import save_hf
+from jaxrl_async.models.loading import load_model
+
+
+def engine_run(core: EngineCore, prompts: np.ndarray, new: int, tag: str) -> tuple[float, np.ndarray]:
+    for i, prompt in enumerate(prompts):
+        core.submit(GenerationRequest(f"{tag}-{i}", prompt.tolist(), SamplingParams(new, temperature=0.0)))
+    out: dict[int, list[int]] = {}
+    start = time.perf_counter()
+    while core.has_work():
+        for piece in core.step():
+            out[int(piece.request_id.rsplit("-", 1)[1])] = piece.token_ids
+    elapsed = time.perf_counter() - start
+    return elapsed, np.asarray([out[i] for i in range(len(prompts))])
+
+
+def torch_run(model, prompts: np.ndarray, new: int) -> tuple[float, np.ndarray]:
+    ids = torch.from_numpy(prompts.astype(np.int64))
+    start = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                             max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
+    return time.perf_counter() - start, out[:, prompts.shape[1]:].numpy()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--prompt-len", type=int, default=32)
+    ap.add_argument("--new", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    torch.set_num_threads(os.cpu_count())
+
+    loaded = load_model("smollm2_135m", dtype="float32")
+    with tempfile.TemporaryDirectory() as tmp:
+        save_hf(loaded.model, loaded.cfg, tmp)
+        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    rng = np.random.default_rng(0)
+    max_len = 1 << (args.prompt_len + args.new - 1).bit_length()  # next power of two
+    results = []
+    for batch in args.batches:
+        prompts = rng.integers(100, loaded.cfg.vocab_size, (batch, args.prompt_len))
+        core = EngineCore(loaded.model, loaded.cfg,
+                          EngineConfig(num_slots=batch, max_len=max_len, min_bucket=16))
+        start = time.perf_counter()
+        core.warmup()
+        compile_s = time.perf_counter() - start
+        torch_run(hf, prompts[:, :4], 2)  # torch warm-up (allocator, kernels)
+        jax_s, torch_s = [], []
+        for r in range(args.repeats):
+            t, jax_tokens = engine_run(core, prompts, args.new, f"b{batch}r{r}")
+            jax_s.append(t)
+            t, torch_tokens = torch_run(hf, prompts, args.new)
+            torch_s.append(t)
+        tokens = batch * args.new
+        row = {"batch": batch, "new_tokens": args.new, "prompt_len": args.prompt_len,
+               "jax_tok_s": tokens / float(np.median(jax_s)),
+               "torch_tok_s": tokens / float(np.median(torch_s)),
+               "engine_compile_s": compile_s,
+               "greedy_agreement": float(np.mean(np.cumprod(jax_tokens == torch_tokens, axis=1)))}
+        row["ratio"] = row["jax_tok_s"] / row["torch_tok_s"]
+        results.append(row)
+        print(f"batch {batch:3d}: jax {row['jax_tok_s']:8.1f} tok/s   torch {row['torch_tok_s']:8.1f} tok/s   "
+              f"ratio {row['ratio']:5.2f}   engine compile {compile_s:5.1f}s   "
+              f"greedy prefix agreement {row['greedy_agreement']:.2f}", flush=True)
+    print(json.dumps({"device": str(jax.devices()[0]), "cpus": os.cpu_count(), "results": results}))
+
+
+if __name__ == "__main__":
+    main()
