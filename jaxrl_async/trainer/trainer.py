@@ -1,8 +1,9 @@
 """`Trainer`: owns the model's graphdef, float32 master params, optimizer state and version.
 
 It is the stateful shell around the pure `train_step`: it places params (with the model's
-logical-axis shardings when given a mesh) and batches (rows split over the mesh axes of the logical
-`batch` axis: data and fsdp), checks batch shapes before a compile could fail obscurely, and counts applied updates.
+logical-axis shardings when given a mesh) and batches (rows split over the mesh axes of the
+logical `batch` axis: data and fsdp), checks batch shapes before a compile could fail
+obscurely, and counts applied updates.
 
 `version` counts *applied* updates only: a step skipped for a non-finite loss or gradient
 leaves the weights, the optimizer state (its step count, hence the learning-rate schedule) and
@@ -25,6 +26,7 @@ from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import make_optimizer, make_schedule
 from jaxrl_async.trainer.step import Params, compute_logprobs, train_step
+
 
 def _decay_paths(state: nnx.State) -> frozenset[str]:
     """Weight decay on weight matrices only: leaves with an `embed` axis and one more axis
@@ -60,6 +62,8 @@ def _optimizer_shardings(opt_shapes: Any, params: Params, param_sh: Params,
 
 
 class Trainer:
+    """`step(batch) -> metrics`, `params()` to publish, `version`, `state_dict()` to save."""
+
     def __init__(self, model: nnx.Module, cfg: TrainerConfig, *, mesh: Mesh | None = None):
         """`model` must hold only `nnx.Param` state (its float params are kept as float32)."""
         self.cfg = cfg
@@ -109,9 +113,14 @@ class Trainer:
     def graphdef(self) -> nnx.GraphDef:
         return self._graphdef
 
-    def params(self, copy: bool = True) -> Params:
-        """The current float32 params (nested dict; `nnx.merge(trainer.graphdef, p)` rebuilds the
-        model). The step donates its params, so `copy=False` arrays die at the next `step`."""
+    def params(self, dtype: str | None = None, copy: bool = True) -> Params:
+        """The current params as a nested dict (`nnx.merge(trainer.graphdef, p)` rebuilds the
+        model), float32 or cast to `dtype` (e.g. an engine's "bfloat16"). The step donates its
+        params, so `copy=False` (and no cast) returns arrays that die at the next `step`."""
+        if dtype is not None and jnp.dtype(dtype) != jnp.float32:
+            dtype = jnp.dtype(dtype)
+            return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                                self._params)
         return jax.tree.map(jnp.copy, self._params) if copy else self._params
 
     def _place(self, batch: TrainBatch) -> TrainBatch:
@@ -168,9 +177,10 @@ def _checked_like(current: Any, loaded: Any, name: str) -> Any:
         raise ValueError(f"load_state_dict: {name} tree structure differs from the trainer's: {got_def} vs {want[1]}")
     out = []
     for (path, cur), new in zip(want[0], got):
-        if np.shape(new) != cur.shape or np.asarray(new).dtype != cur.dtype:
+        dtype = new.dtype if hasattr(new, "dtype") else np.asarray(new).dtype
+        if np.shape(new) != cur.shape or dtype != cur.dtype:
             raise ValueError(
-                f"load_state_dict: {name}{jax.tree_util.keystr(path)} is {np.asarray(new).dtype}"
+                f"load_state_dict: {name}{jax.tree_util.keystr(path)} is {dtype}"
                 f"{list(np.shape(new))}, the trainer has {cur.dtype}{list(cur.shape)}")
         out.append(jax.device_put(new, cur.sharding))
     return jax.tree.unflatten(want[1], out)
