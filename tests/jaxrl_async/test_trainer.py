@@ -141,6 +141,8 @@ def test_bfloat16_compute_keeps_float32_params_and_a_close_loss():
     assert m_bf16["entropy"] == pytest.approx(m_f32["entropy"], rel=1e-2)
     assert m_bf16["grad_norm"] == pytest.approx(m_f32["grad_norm"], rel=0.1)
     assert all(x.dtype == jnp.float32 for x in jax.tree.leaves(bf16.params()))
+    # What an engine running bfloat16 weights gets published:
+    assert all(x.dtype == jnp.bfloat16 for x in jax.tree.leaves(bf16.params(dtype="bfloat16")))
 
 
 def test_logprobs_are_those_the_loss_uses():
