@@ -16,6 +16,8 @@ import pytest
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 
+# Keep Ray's servers on the loopback (it otherwise swaps 127.0.0.1 for the host's address).
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
