@@ -230,8 +230,9 @@ def _check_compatible(meta: Mapping[str, Any], run, policy_name: str) -> None:
         if saved[key] != value:
             raise ValueError(f"resume: {key}={value!r} but the checkpointed run has {key}={saved[key]!r}; "
                              "resume with the same setting")
-    if meta["step"] > run.steps:
-        raise ValueError(f"resume: steps={run.steps} but the checkpoint is at step {meta['step']}")
+    if meta["step"] >= run.steps:
+        raise ValueError(f"resume: steps={run.steps} but the checkpointed run has trained {meta['step']} steps; "
+                         "pass a larger steps= to train on")
 
 
 def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:

@@ -1,0 +1,14 @@
+"""The async runtime: drives any staleness policy with a real engine, trainer and task.
+
+- `controller`: the local-mode event loop (asyncio for control, threads for device work).
+- `rollouts`: streamed engine pieces -> groups (start version, tokens by version, done).
+- `scoring`: a done group's rewards through the task's never-raising reward runner.
+- `batching`: scored groups -> the trainer's padded `TrainBatch`; staleness of a batch.
+- `metrics`: run totals, the per-step record and its sinks (metrics.jsonl, TensorBoard), summary.json.
+- `progress`: the live display (rich on a terminal, plain lines otherwise).
+- `state`: the controller's JSON part of a checkpoint (the arrays are `jaxrl_async.checkpoint`'s).
+- `config`: `RunConfig`, the typed top level of conf/train.yaml.
+
+The entry point is `python -m jaxrl_async.train` (jaxrl_async/train.py). Another orchestration
+mode (ray) would reuse all of these and replace only how the engine is reached.
+"""

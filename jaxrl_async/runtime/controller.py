@@ -47,13 +47,14 @@ from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
 from jaxrl_async.runtime.config import RunConfig
-from jaxrl_async.runtime.metrics import METRICS_FILE, MetricsSink, RunStats
+from jaxrl_async.runtime.metrics import MetricsSink, RunStats, StepTiming, step_record
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
 from jaxrl_async.runtime.scoring import score_group
+from jaxrl_async.runtime.state import controller_state, restore_controller
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
-from planner.ledger import LEDGER_FILE, LedgerWriter
+from planner.ledger import LedgerWriter
 from planner.types import Admission, Candidate, Decision, Drop
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"
@@ -125,6 +126,7 @@ class Controller:
         self._error: BaseException | None = None
         self._tasks: set[asyncio.Task] = set()
         self._commands: list[tuple[str, Any]] = []  # engine calls of the decision being applied
+        self._held: list[tuple[int, GenerationRequest]] = []  # (start barrier, request) until synced
         # Train steps get a thread of their own: slow user reward functions fill the default pool.
         self._train_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train-step")
         self._t0 = 0.0
@@ -272,7 +274,19 @@ class Controller:
         sampling = SamplingParams(
             max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
             stop_token_ids=self.stop_token_ids, n=n, seed=sampling_seed(self.cfg.seed, a.uid, attempt))
-        self._queue("submit", GenerationRequest(rollout.request_id, list(prompt.prompt_ids), sampling, a.priority))
+        request = GenerationRequest(rollout.request_id, list(prompt.prompt_ids), sampling, a.priority)
+        if a.version > self.version:  # a start barrier (Admission docs): wait for those weights
+            self._held.append((a.version, request))
+        else:
+            self._queue("submit", request)
+
+    def _release_held(self) -> None:
+        """Submit held requests whose start barrier the engine's weights now meet."""
+        ready = [r for v, r in self._held if v <= self.version]
+        self._held = [(v, r) for v, r in self._held if v > self.version]
+        for request in ready:
+            if self._collector.is_open(request.request_id):  # not dropped meanwhile
+                self._queue("submit", request)
 
     def _drop(self, d: Drop) -> None:
         live = self.groups.pop(d.uid, None)
@@ -396,13 +410,14 @@ class Controller:
             if not last:
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
             await self._flush_engine_commands()
-            await self._record(step, groups, hist, metrics, wait_s, train_s, overlap_s)
+            await self._record(step, groups, hist, metrics, StepTiming(wait_s, train_s, overlap_s))
         if not last:
             params = cast_like(self.trainer.params(copy=False), self.engine_dtype)
             await self.engine.update_weights(params, version)
         async with self._mutex:
             if not last:
                 self.version = version
+                self._release_held()
                 self._apply(self.policy.on_version_synced(version=version, now=self.now()), "on_version_synced")
                 stats = await self.engine.stats()
                 self._apply(self.policy.on_engine_stats(kv_usage=stats.active_slots / max(1, stats.total_slots),
@@ -410,13 +425,9 @@ class Controller:
             self._training = False
             self._ask = True
             self._step_wait_since = self.now()
-            if last:
-                self._apply(self.policy.finish(now=self.now()), "finish")
-                await self._flush_engine_commands()
-                await self.save_checkpoint()
-                self._done.set()
-                return
-            if self._stop:
+            if last or self._stop:
+                if last:  # a stop keeps the untrained groups for the resume instead
+                    self._apply(self.policy.finish(now=self.now()), "finish")
                 await self._flush_engine_commands()
                 await self.save_checkpoint()
                 self._done.set()
@@ -434,80 +445,31 @@ class Controller:
                 self._done.set()
 
     async def _record(self, step: int, groups: list[GroupRollout], hist: dict[int, int],
-                      metrics: dict[str, float], wait_s: float, train_s: float, overlap_s: float) -> None:
+                      metrics: dict[str, float], timing: StepTiming) -> None:
         """One metrics record per step, to every sink (metrics.jsonl, TensorBoard, progress)."""
         stats = await self._stats_now()
-        now = stats.elapsed_s
         prev_now, prev_tokens = self._last_record
-        self._last_record = (now, stats.tokens_generated)
-        trained = sum(hist.values())
-        lengths = [len(s.token_ids) for g in groups for s in g.samples]
+        self._last_record = (stats.elapsed_s, stats.tokens_generated)
         segment_steps = self.step - self._segment_first_step
-        segment_s = time.monotonic() - self._t0
-        record = {
-            "step": step,
-            "version": step + 1,
-            "reward_mean": metrics["reward_mean"],
-            "loss": metrics["loss"],
-            "max_staleness_in_batch": max((s for s, t in hist.items() if t), default=0),
-            "mean_staleness_in_batch": sum(s * t for s, t in hist.items()) / max(1, trained),
-            "tokens_per_s": (stats.tokens_generated - prev_tokens) / max(now - prev_now, 1e-9),
-            "tokens_trained": trained,
-            "response_len_mean": sum(lengths) / max(1, len(lengths)),
-            "skipped": int(metrics["skipped"]),
-            "wait_s": wait_s,
-            "train_s": train_s,
-            "generator_busy_in_step": overlap_s / max(train_s, 1e-9),
-            "elapsed_s": now,
-            "inflight_groups": self.groups_in_flight(),
-            "done_groups": sum(g.phase == DONE for g in self.groups.values()),
-            "reward_errors": stats.reward_errors,
-            "trainer_busy": stats.trainer_busy_s / max(now, 1e-9),
-            "generator_busy": stats.generator_busy_s / max(now, 1e-9),
-            "eta_s": (self.cfg.steps - self.step) * segment_s / max(1, segment_steps),
-            **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
-            "staleness_hist": {str(s): t for s, t in sorted(stats.staleness.items())},
-        }
+        eta_s = (self.cfg.steps - self.step) * (time.monotonic() - self._t0) / max(1, segment_steps)
+        record = step_record(
+            step, metrics, hist, [len(s.token_ids) for g in groups for s in g.samples], stats, timing,
+            tokens_per_s=(stats.tokens_generated - prev_tokens) / max(stats.elapsed_s - prev_now, 1e-9),
+            inflight_groups=self.groups_in_flight(),
+            done_groups=sum(g.phase == DONE for g in self.groups.values()), eta_s=eta_s)
         for sink in self.sinks:
             sink.write(record)
 
     # ================================================================== checkpoints
     async def save_checkpoint(self) -> None:
+        """Save at a step boundary (between the events, under the lock): see `runtime.state`."""
         if self.checkpointer is None:
             return
         self.ledger.flush()
-        meta = {
-            "run": self.run_config_meta,
-            "step": self.step,
-            "version": self.version,
-            "next_uid": self.next_uid,
-            "policy": self.policy.state_dict(),
-            "stream": self.stream.state_dict(),
-            "window": [[c.uid, dataclasses.asdict(p)] for c, p in self.window],
-            "groups": [{"prompt": dataclasses.asdict(g.prompt), "phase": g.phase, "rollout": g.rollout.to_json()}
-                       for g in self.groups.values()],
-            "stats": (await self._stats_now()).to_json(),
-            "ledger_bytes": (self.run_dir / LEDGER_FILE).stat().st_size,
-            "metrics_bytes": _size(self.run_dir / METRICS_FILE),
-        }
+        meta = controller_state(self, await self._stats_now())
         self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
 
     def load_checkpoint_meta(self, meta: dict[str, Any]) -> None:
-        """Restore the controller, policy and stream (the trainer is restored by the caller)."""
-        self.step, self.version, self.next_uid = meta["step"], meta["version"], meta["next_uid"]
-        self.policy.load_state_dict(meta["policy"])
-        self.stream.load_state_dict(meta["stream"])
-        self.window = [(Candidate(uid, p["prompt_id"], len(p["prompt_ids"])), Prompt(**p)) for uid, p in meta["window"]]
-        self.stats = RunStats.from_json(meta["stats"])
-        self.groups = {}
-        for g in meta["groups"]:
-            rollout = GroupRollout.from_json(g["rollout"])
-            live = LiveGroup(Prompt(**g["prompt"]), rollout, g["phase"])
-            self.groups[rollout.uid] = live
-            if live.phase != DONE:
-                live.phase = GENERATING  # lost with the old engine: regenerated on resume
-                self._lost_on_resume.append(rollout.uid)
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
+        """Restore the controller, policy and stream (the trainer is restored by the caller);
+        groups that were generating at the save are regenerated when the run starts."""
+        self._lost_on_resume = restore_controller(self, meta)

@@ -74,6 +74,46 @@ class RunStats:
         return cls(**d)
 
 
+@dataclass(frozen=True)
+class StepTiming:
+    wait_s: float  # the trainer waited this long for the batch (idle)
+    train_s: float  # the optimizer step
+    overlap_s: float  # of `train_s`, the engine was generating this long
+
+
+def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], lengths: list[int], stats: RunStats,
+                timing: StepTiming, *, tokens_per_s: float, inflight_groups: int, done_groups: int,
+                eta_s: float) -> dict[str, Any]:
+    """The `metrics.jsonl` record of step `step` (DESIGN §8 keys first) plus the run-so-far keys
+    the progress display reads. `metrics` is the trainer's; `hist` the batch's tokens by staleness."""
+    elapsed = max(stats.elapsed_s, 1e-9)
+    trained = sum(hist.values())
+    return {
+        "step": step,
+        "reward_mean": metrics["reward_mean"],
+        "loss": metrics["loss"],
+        "max_staleness_in_batch": max((s for s, t in hist.items() if t), default=0),
+        "tokens_per_s": tokens_per_s,  # generated tokens per wall second since the previous step
+        "version": step + 1,  # published after this step
+        "mean_staleness_in_batch": sum(s * t for s, t in hist.items()) / max(1, trained),
+        "tokens_trained": trained,
+        "response_len_mean": sum(lengths) / max(1, len(lengths)),
+        "skipped": int(metrics["skipped"]),
+        "wait_s": timing.wait_s,
+        "train_s": timing.train_s,
+        "generator_busy_in_step": timing.overlap_s / max(timing.train_s, 1e-9),
+        "elapsed_s": stats.elapsed_s,
+        "inflight_groups": inflight_groups,
+        "done_groups": done_groups,
+        "reward_errors": stats.reward_errors,
+        "trainer_busy": stats.trainer_busy_s / elapsed,
+        "generator_busy": stats.generator_busy_s / elapsed,
+        "eta_s": eta_s,
+        **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
+        "staleness_hist": {str(s): t for s, t in sorted(stats.staleness.items())},
+    }
+
+
 def summary(stats: RunStats, *, policy: str, max_staleness: int | None, elapsed_s: float,
             trainer_busy_s: float, generator_busy_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `summary.json` object: DESIGN §8 keys first, then extensions."""

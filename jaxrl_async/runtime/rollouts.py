@@ -118,6 +118,9 @@ class RolloutCollector:
     def __len__(self) -> int:
         return len(self._by_request)
 
+    def is_open(self, request_id: str) -> bool:
+        return request_id in self._by_request
+
     def add(self, piece: SampleOutput) -> PieceEvent | None:
         group = self._by_request.get(piece.request_id)
         if group is None:

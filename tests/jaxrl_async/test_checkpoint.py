@@ -101,3 +101,6 @@ def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit
     assert second["groups_readmitted"] == report.readmissions == len(generating_at_stop)
     assert second["groups_admitted"] == 2 * steps
     assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(steps))
+    # The run is complete: resuming it again has nothing to train.
+    with pytest.raises(ValueError, match=f"has trained {steps} steps; pass a larger steps="):
+        make_job(tmp_path, common + ["resume=true"])
