@@ -161,17 +161,17 @@ def test_stop_token_ends_the_sample_and_is_part_of_it(h):
 
 def _partial_rollout(h, rid, seed):
     async def scenario():
-        await h.engine.submit(GenerationRequest(rid, PROMPT, SamplingParams(max_new_tokens=900, temperature=0.0)))
+        await h.engine.submit(GenerationRequest(rid, PROMPT, SamplingParams(max_new_tokens=300, temperature=0.0)))
         await h.wait_for_tokens(5)
         old = h.version
         await h.push(seed)
         (out,) = await h.wait(rid, 1)
         return old, out
     old, out = h.run(scenario())
-    assert out.finish_reason == "length" and len(out.token_ids) == 900
+    assert out.finish_reason == "length" and len(out.token_ids) == 300
     assert [v for v, _ in out.versions] == [old, h.version], out.versions
     split = out.versions[0][1]
-    assert 5 <= split < 900
+    assert 5 <= split < 300
     # Old-version tokens follow the old model; the rest the new one on the whole prefix.
     np.testing.assert_allclose(out.logprobs[:split],
                                _teacher_forced(h.models[old], PROMPT, out.token_ids)[:split], atol=ATOL)
@@ -208,13 +208,13 @@ def test_disk_transport_pushes_through_a_shared_directory(h, tmp_path):
 
 def test_abort_delivers_the_tokens_so_far_with_reason_abort(h):
     async def scenario():
-        await h.engine.submit(GenerationRequest("a0", PROMPT, SamplingParams(max_new_tokens=900, temperature=0.0)))
+        await h.engine.submit(GenerationRequest("a0", PROMPT, SamplingParams(max_new_tokens=300, temperature=0.0)))
         await h.wait_for_tokens(3)
         await h.engine.abort("a0")
         await h.engine.abort("never-submitted")
         return await h.wait("a0", 1)
     (out,) = h.run(scenario())
-    assert out.finish_reason == "abort" and 3 <= len(out.token_ids) < 900
+    assert out.finish_reason == "abort" and 3 <= len(out.token_ids) < 300
     assert sum(n for _, n in out.versions) == len(out.token_ids)
 
 
