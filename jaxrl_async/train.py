@@ -271,7 +271,8 @@ def run_dir_for(setup: TrainSetup, hydra_dir: str) -> Path:
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO
+    for name in ("absl", "jax._src.xla_bridge"):  # orbax logs every save, JAX its backend probes
+        logging.getLogger(name).setLevel(logging.WARNING)
     started = time.monotonic()
     try:
         setup = typed_config(cfg)

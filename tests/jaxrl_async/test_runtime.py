@@ -1,9 +1,10 @@
 """End to end on CPU: the controller drives a real engine, trainer, task and policy.
 
-One short learning run per policy (lookahead and nemo_in_order), shared by the tests of this module
-(`xdist_group` keeps them on one worker): reward rises, the ledger passes the independent audit
-with max staleness <= η and no drop, and the events the runtime fed the policy, replayed on a
-fresh policy object, give the same decisions (the simulator's recorder does the recording).
+One short learning run per policy (lookahead and nemo_in_order), one test each (a run costs
+tens of seconds, so each test checks everything its run shows): reward rises, the ledger passes
+the independent audit with max staleness <= η and no drop, generation overlaps training, and the
+events the runtime fed the policy, replayed on a fresh policy object, give the same decisions
+(the simulator's recorder does the recording).
 """
 
 import json
@@ -17,23 +18,18 @@ from planner.sim.recorder import EventRecorder, first_divergence
 from planner.types import PlanContext
 from tests.jaxrl_async.train_runs import make_job, read_jsonl
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("runtime_e2e")]
+pytestmark = pytest.mark.slow
 
 STEPS, B, N = 30, 8, 8
 # The default task and learning rate, a constant schedule, 30 steps: the reward leaves the random
 # model's ~0.004 (the first phase: emitting letters at all).
 LEARNING = [f"steps={STEPS}", f"batch_groups={B}", f"group_size={N}", "max_new_tokens=8", "max_staleness=1",
             "trainer.optim.min_lr_ratio=1.0", "seed=0", "record_events=true"]
-_runs: dict = {}
 
 
-def learning_run(tmp_path_factory, policy: str):
-    if policy not in _runs:
-        run_dir = tmp_path_factory.mktemp(policy)
-        job = make_job(run_dir, LEARNING + [f"policy={policy}"])
-        summary = job.run()
-        _runs[policy] = (run_dir, summary, read_jsonl(run_dir / "metrics.jsonl"))
-    return _runs[policy]
+def learning_run(run_dir, policy: str):
+    summary = make_job(run_dir, LEARNING + [f"policy={policy}"]).run()
+    return summary, read_jsonl(run_dir / "metrics.jsonl")
 
 
 def reward_rose(metrics) -> tuple[float, float]:
@@ -41,9 +37,7 @@ def reward_rose(metrics) -> tuple[float, float]:
     return float(np.mean(rewards[:4])), float(np.mean(rewards[-4:]))
 
 
-@pytest.mark.parametrize("policy", ["lookahead", "nemo_in_order"])
-def test_a_short_cpu_run_learns_and_its_ledger_passes_the_audit(tmp_path_factory, policy):
-    run_dir, summary, metrics = learning_run(tmp_path_factory, policy)
+def check_learned_and_audited(run_dir, summary, metrics, policy):
     early, late = reward_rose(metrics)
     assert late > max(0.04, 5 * early), (early, late)
     report = audit(run_dir, 1)
@@ -60,8 +54,7 @@ def test_a_short_cpu_run_learns_and_its_ledger_passes_the_audit(tmp_path_factory
     assert summary["staleness_histogram"] == report.staleness_histogram
 
 
-def test_every_run_writes_the_contract_files(tmp_path_factory):
-    run_dir, summary, metrics = learning_run(tmp_path_factory, "lookahead")
+def check_contract_files(run_dir, summary, metrics):
     keys = {"policy", "max_staleness", "steps", "groups_admitted", "groups_trained", "groups_dropped",
             "tokens_trained", "tokens_wasted", "max_token_staleness", "mean_token_staleness",
             "staleness_histogram", "elapsed_s", "trainer_busy_fraction", "generator_busy_fraction",
@@ -80,11 +73,10 @@ def test_every_run_writes_the_contract_files(tmp_path_factory):
     assert (run_dir / "checkpoints").is_dir()
 
 
-def test_generation_overlaps_training(tmp_path_factory):
+def check_overlap(summary, metrics):
     """With η = 1 the planner admits batch k+1's groups when batch k starts training, so they are
     generated on v_k while step k trains: nearly every trained token has staleness exactly 1, and
     the engine is measured busy during most train steps."""
-    _, summary, metrics = learning_run(tmp_path_factory, "lookahead")
     hist = summary["staleness_histogram"]
     assert hist.get("1", 0) > 0.9 * summary["tokens_trained"], hist
     after_warmup = metrics[1:]
@@ -92,8 +84,7 @@ def test_generation_overlaps_training(tmp_path_factory):
     assert summary["overlap_fraction"] > 0
 
 
-def test_replaying_the_runtimes_policy_events_on_a_fresh_policy_gives_the_same_decisions(tmp_path_factory):
-    run_dir, summary, _ = learning_run(tmp_path_factory, "lookahead")
+def check_parity(run_dir, summary):
     calls = EventRecorder.load(run_dir / "policy_events.jsonl")
     kinds = {c.method for c in calls}
     assert {"admit", "on_group_started", "on_group_finished", "select_batch", "on_step_done",
@@ -102,3 +93,16 @@ def test_replaying_the_runtimes_policy_events_on_a_fresh_policy_gives_the_same_d
     assert first_divergence(calls, fresh) is None
     trained = sum(len(c.decision.train) for c in calls if c.method == "select_batch" and c.decision.train)
     assert trained == summary["groups_trained"]
+
+
+def test_a_short_lookahead_run_learns_keeps_the_bound_without_drops_overlaps_and_replays_identically(tmp_path):
+    summary, metrics = learning_run(tmp_path, "lookahead")
+    check_learned_and_audited(tmp_path, summary, metrics, "lookahead")
+    check_contract_files(tmp_path, summary, metrics)
+    check_overlap(summary, metrics)
+    check_parity(tmp_path, summary)
+
+
+def test_the_same_run_with_nemo_in_order_learns_and_passes_the_audit(tmp_path):
+    summary, metrics = learning_run(tmp_path, "nemo_in_order")
+    check_learned_and_audited(tmp_path, summary, metrics, "nemo_in_order")
