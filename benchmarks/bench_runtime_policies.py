@@ -13,7 +13,9 @@ embedded setup (tiny model, repeat_letter, η=1). Reported, from each run's own 
   audit (`planner.audit`);
 - the final reward (mean of the last 5 steps), to show the policies trained the same task.
 
-Ratios are against `lookahead` (first column of numbers / lookahead's). A markdown table is written
+With `--repeats R` the policies run in R interleaved rounds (every policy once per round, so
+machine noise hits all alike) and the table quotes medians. Ratios are against `lookahead`
+(first column of numbers / lookahead's). A markdown table is written
 to `--out` (default benchmarks/results/runtime_policies.md).
 """
 
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -86,21 +89,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds; the table quotes medians")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "runtime_policies.md"))
     args = parser.parse_args(own)
     policies = args.policies.split(",")
     if policies[0] != "lookahead":
         parser.error("--policies: the first policy must be lookahead (the ratios' base)")
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    runs: dict[str, list[dict]] = {p: [] for p in policies}
+    for round_ in range(args.repeats):
         for policy in policies:
-            rows.append(run_policy(policy, args.steps, args.seed, extra, Path(tmp)))
-            print(f"{policy}: done ({rows[-1]['wall_s']:.0f}s)", file=sys.stderr, flush=True)
+            with tempfile.TemporaryDirectory() as tmp:
+                runs[policy].append(run_policy(policy, args.steps, args.seed, extra, Path(tmp)))
+            print(f"round {round_}: {policy} done ({runs[policy][-1]['wall_s']:.0f}s)", file=sys.stderr, flush=True)
+    rows = []
+    for policy in policies:
+        row = dict(runs[policy][0])
+        for key in ("steps_per_hour", "trainer_idle", "final_reward"):
+            row[key] = statistics.median(r[key] for r in runs[policy])
+        row["audit"] = "pass" if all(r["audit"] == "pass" for r in runs[policy]) else "FAIL"
+        rows.append(row)
     text = table(rows)
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    setup = f"steps={args.steps} seed={args.seed} " + " ".join(extra)
+    setup = f"steps={args.steps} seed={args.seed} repeats={args.repeats} (medians) " + " ".join(extra)
     out.write_text(f"# Runtime policies, real CPU runs ({setup.strip()})\n\n{text}\n")
     return 0
 
