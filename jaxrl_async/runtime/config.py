@@ -7,6 +7,11 @@ the fields here have none. Unknown or missing keys are an error naming the key.
 
 How to add a knob: add a field with a default and a comment, check it in `__post_init__`, add it
 to `conf/train.yaml`, read it where it is used.
+
+`ClusterConfig` types the `cluster=` group the same way: `local` (one process), `ray` (generation
+on Ray actors, conf/cluster/ray.yaml) or `slurm` (conf/cluster/slurm.yaml); each carries the
+multi-host JAX settings (`cluster.distributed`, jaxrl_async/cluster/distributed.py). To add a
+mode: a `conf/cluster/<name>.yaml`, its name in CLUSTER_MODES and its keys in `from_mapping`.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PROGRESS_MODES = ("auto", "rich", "plain", "off")
+CLUSTER_MODES = ("local", "ray", "slurm")
 
 
 def build_dataclass(cls: type, values: Mapping[str, Any], where: str) -> Any:
@@ -84,3 +90,30 @@ class RunConfig:
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
         return build_dataclass(cls, values, "train")
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """The `cluster=` group: where generation runs and how the trainer's processes join."""
+
+    name: str  # one of CLUSTER_MODES
+    # DistributedConfig: multi-host JAX for the trainer. `local` takes the default (mode auto), so
+    # the multiprocess / sbatch / tpu launchers' environment (JAXRL_*, SLURM_*, TPU) still applies.
+    distributed: Any
+    ray: Any = None  # RayClusterConfig (cluster=ray only): the generation workers
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ClusterConfig:
+        from jaxrl_async.cluster.distributed import DistributedConfig
+        from jaxrl_async.cluster.ray import RayClusterConfig
+
+        values = dict(values)
+        name = values.pop("name", None)
+        _require(name in CLUSTER_MODES, "cluster.name", name, f"must be one of {CLUSTER_MODES} (conf/cluster/*.yaml)")
+        if name == "ray":
+            ray = RayClusterConfig.from_dict(values)
+            return cls(name, DistributedConfig.from_dict(ray.distributed), ray)
+        unknown = sorted(set(values) - {"distributed"})
+        if unknown:
+            raise ValueError(f"cluster.{unknown[0]}: unknown key for cluster={name} (known: distributed)")
+        return cls(name, DistributedConfig.from_dict(values.get("distributed")))

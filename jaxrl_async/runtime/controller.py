@@ -24,6 +24,12 @@ staleness conservative, and the planner's "step k trains on v_k" stays exact. Th
 only published versions and never goes back, so the policy's admission version (the synced
 version) is a lower bound of every token's version — the premise of DESIGN §2.
 
+Faults: an engine that loses requests (a Ray generation worker died, cluster/ray.py) reports
+their ids to `on_requests_lost`; each still-generating group goes through the planner's fault
+path, `on_group_lost(prefix_kept=False)`: its collected pieces are discarded and the returned
+re-admission (a new request id, with its start barrier `Admission.version`) is submitted, so the
+group is regenerated from scratch, the bound holds and nothing is dropped.
+
 Stopping: `request_stop()` (SIGTERM) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
 planner's fault path (`on_group_lost(prefix_kept=False)`), done ones keep their samples.
@@ -149,6 +155,11 @@ class Controller:
         if self._done is not None:
             self._spawn(self._stop_if_idle)
 
+    def on_requests_lost(self, request_ids: list[str]) -> None:
+        """The engine lost these requests (their worker died): regenerate their groups (the
+        engine's `on_lost` callback; runs on the event loop, the work is a task under the lock)."""
+        self._spawn(self._regenerate_lost, list(request_ids))
+
     async def run(self) -> RunResult:
         self._t0 = time.monotonic()
         self._done = asyncio.Event()
@@ -180,12 +191,32 @@ class Controller:
         """Regenerate the groups a restart interrupted, then the first admissions."""
         async with self._mutex:
             for uid in self._lost_on_resume:
-                self._apply(self.policy.on_group_lost(uid=uid, prefix_kept=False, now=self.now()), "on_group_lost")
+                self._regenerate(uid)
             self._lost_on_resume = []
             await self._flush_engine_commands()
             await self._settle()
         if self._stop:
             await self._stop_if_idle()
+
+    async def _regenerate_lost(self, request_ids: list[str]) -> None:
+        async with self._mutex:
+            current = {g.rollout.request_id: uid for uid, g in self.groups.items() if g.phase == GENERATING}
+            # Ids of attempts already superseded, dropped or done are stale: nothing to redo.
+            for uid in [current[r] for r in request_ids if r in current and self._collector.is_open(r)]:
+                self._regenerate(uid)
+            await self._flush_engine_commands()
+            await self._settle()
+
+    def _regenerate(self, uid: int) -> None:
+        """The fault path for one generating group: discard its pieces, apply the policy's
+        re-admission (or drop). A policy that does neither would lose the group: an error."""
+        rollout = self.groups[uid].rollout
+        self._collector.close(rollout)  # late pieces of this attempt are ignored from now on
+        self._apply(self.policy.on_group_lost(uid=uid, prefix_kept=False, now=self.now()), "on_group_lost")
+        live = self.groups.get(uid)
+        if live is not None and live.rollout is rollout:
+            raise RuntimeError(f"policy {self.policy.name}: on_group_lost(uid={uid}) neither re-admitted nor "
+                               "dropped the group; it would be lost")
 
     async def _result(self) -> RunResult:
         self.stats = await self._stats_now()

@@ -1,5 +1,6 @@
 """`python -m jaxrl_async.train` start-up errors: one line and exit status 1, never a traceback."""
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -51,12 +52,25 @@ def test_the_default_config_is_the_embedded_setup():
     assert setup.trainer.optim.total_steps == setup.run.steps  # the schedule spans the run
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
+def test_the_ray_cluster_group_is_typed():
+    ray = typed_config(compose_plain(["cluster=ray", "cluster.num_workers=3"])).cluster
+    assert ray.name == "ray" and ray.ray.num_workers == 3 and ray.distributed.mode == "auto"
+
+
+def test_the_slurm_cluster_group_is_typed():
+    slurm = typed_config(compose_plain(["cluster=slurm"])).cluster
+    assert slurm.ray is None and slurm.distributed.mode == "slurm" and slurm.distributed.port == 8476
+
+
 @pytest.mark.parametrize("override, message", [
     ("batch_groups=0", "batch_groups=0: must be an int >= 1"),
     ("max_staleness=-1", "max_staleness=-1: must be an int >= 0 or null"),
     ("policy.predictor=psychic", "predictor"),
     ("engine.num_slots=4", "engine.num_slots=4: must be >= group_size=8"),
-    ("cluster.name=ray", "cluster='ray'"),
+    ("cluster.name=k8s", "cluster.name='k8s': must be one of"),
+    ("+cluster.num_workers=2", "cluster.num_workers: unknown key for cluster=local"),
+    ("engine.name=tgi", "engine.name='tgi': must be one of"),
 ])
 def test_bad_group_values_are_one_line_errors(override, message):
     with pytest.raises(ValueError, match=message) as info:
