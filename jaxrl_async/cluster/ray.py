@@ -253,8 +253,13 @@ class RayEngineProxy(GenerationEngine):
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=index))
         actor = remote.remote(self.spec)
         pid = await actor.start.remote()
-        if self._latest is not None:
-            await actor.update_weights.remote(*self._latest)
+        # A push that lands while this worker loads the latest weights only reaches the workers
+        # already listed, so load again until nothing newer arrived. No await separates the last
+        # check from joining the list, so no push can slip in between.
+        pushed = None
+        while self._latest is not None and self._latest is not pushed:
+            pushed = self._latest
+            await actor.update_weights.remote(*pushed)
         worker = _Worker(index, actor, pid)
         self.workers = [w for w in self.workers if w.index != index] + [worker]
         self._tasks.append(asyncio.get_running_loop().create_task(self._read(worker)))
