@@ -48,7 +48,7 @@ class GenerateConfig:
 
 
 def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
-    from jaxrl_async.runtime.config import build_dataclass
+    from jaxrl_async.configs import build_dataclass
 
     cfg = dict(cfg)
     model = cfg.pop("model", None)

@@ -64,7 +64,8 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     """The composed config -> `TrainSetup`; every problem is a one-line ValueError."""
     from jaxrl_async.engines.core import EngineConfig
     from jaxrl_async.engines.vllm_engine import VllmEngineConfig
-    from jaxrl_async.runtime.config import ClusterConfig, RunConfig, build_dataclass
+    from jaxrl_async.configs import build_dataclass
+    from jaxrl_async.runtime.config import ClusterConfig, RunConfig
     from jaxrl_async.trainer.config import TrainerConfig
     from planner.registry import make_policy
     from planner.types import PlanContext

@@ -27,11 +27,12 @@ name to `MODES`.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from jaxrl_async.configs import build_dataclass
 
 MODES = ("auto", "none", "explicit", "slurm", "tpu")
 CPU_COLLECTIVES = ("gloo", "mpi", "none")
@@ -76,12 +77,7 @@ class DistributedConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any] | None) -> DistributedConfig:
-        values = dict(values or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"cluster.distributed: unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**values)
+        return build_dataclass(cls, dict(values or {}), "cluster.distributed")
 
 
 @dataclass(frozen=True)

@@ -23,11 +23,11 @@ Left out: autoscaling, and moving in-flight prefixes between workers (lost reque
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxrl_async.configs import build_dataclass
 from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
 
 ENGINES = ("jax", "vllm")
@@ -71,12 +71,7 @@ class RayClusterConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> RayClusterConfig:
-        values = {k: v for k, v in dict(values).items() if k != "name"}
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"cluster (ray): unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**values)
+        return build_dataclass(cls, {k: v for k, v in dict(values).items() if k != "name"}, "cluster (ray)")
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,6 @@ vLLM request), LoRA pushes, tensor-parallel engines beyond what vLLM's own args 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import math
 import tempfile
 import time
@@ -42,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jaxrl_async.configs import build_dataclass
 from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
 from jaxrl_async.engines.vllm_compat import check_model_for_platform, check_vllm_api
 from jaxrl_async.engines.vllm_weights import WeightChecker, to_torch
@@ -97,12 +97,7 @@ class VllmEngineConfig:
 
     @classmethod
     def from_dict(cls, values: Mapping[str, Any]) -> VllmEngineConfig:
-        values = {k: v for k, v in dict(values).items() if k != "name"}
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"engine (vllm): unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**values)
+        return build_dataclass(cls, {k: v for k, v in dict(values).items() if k != "name"}, "engine (vllm)")
 
 
 @dataclass

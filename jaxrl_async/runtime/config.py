@@ -16,27 +16,14 @@ mode: a `conf/cluster/<name>.yaml`, its name in CLUSTER_MODES and its keys in `f
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from jaxrl_async.configs import build_dataclass
+
 PROGRESS_MODES = ("auto", "rich", "plain", "off")
 CLUSTER_MODES = ("local", "ray", "slurm")
-
-
-def build_dataclass(cls: type, values: Mapping[str, Any], where: str) -> Any:
-    """`cls(**values)`, but an unknown key is a one-line ValueError naming it and the known keys."""
-    fields = dataclasses.fields(cls)
-    known = {f.name for f in fields}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{where}.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
-    required = [f.name for f in fields if f.default is dataclasses.MISSING
-                and f.default_factory is dataclasses.MISSING and f.name not in values]
-    if required:
-        raise ValueError(f"{where}.{required[0]}: missing key")
-    return cls(**values)
 
 
 def _require(ok: bool, name: str, value: Any, rule: str) -> None:

@@ -11,18 +11,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from jaxrl_async.configs import build_dataclass
 from jaxrl_async.trainer.losses import LossConfig
 from jaxrl_async.trainer.optim import OptimConfig
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
-
-
-def _build(cls: type, values: Mapping[str, Any], where: str):
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"{where}: unknown keys {unknown}; known keys are {sorted(known)}")
-    return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -46,6 +39,6 @@ class TrainerConfig:
     def from_dict(cls, values: Mapping[str, Any]) -> TrainerConfig:
         """From a plain dict (e.g. `OmegaConf.to_container(cfg.trainer)`); unknown keys raise."""
         values = dict(values)
-        loss = _build(LossConfig, values.pop("loss", None) or {}, "trainer.loss")
-        optim = _build(OptimConfig, values.pop("optim", None) or {}, "trainer.optim")
-        return _build(cls, {**values, "loss": loss, "optim": optim}, "trainer")
+        loss = build_dataclass(LossConfig, values.pop("loss", None) or {}, "trainer.loss")
+        optim = build_dataclass(OptimConfig, values.pop("optim", None) or {}, "trainer.optim")
+        return build_dataclass(cls, {**values, "loss": loss, "optim": optim}, "trainer")
