@@ -7,7 +7,6 @@ Defaults live only in the dataclasses.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 

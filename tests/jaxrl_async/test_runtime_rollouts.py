@@ -14,7 +14,7 @@ def piece(rid, index, tokens, versions, done=False, reason=None):
 
 def test_the_first_piece_starts_the_group_with_its_first_tokens_version():
     c = RolloutCollector()
-    g = c.open(uid=3, prompt_id="p", prompt_ids=[1, 2], n=2, attempt=0)
+    c.open(uid=3, prompt_id="p", prompt_ids=[1, 2], n=2, attempt=0)
     first = c.add(piece("3.0", 1, [5, 6], [[2, 1], [3, 1]]))
     assert first.started_version == 2 and first.new_tokens == [(2, 1), (3, 1)] and not first.group_done
     second = c.add(piece("3.0", 0, [7], [[3, 1]]))
