@@ -5,7 +5,7 @@ optional KV cache), SwiGLU MLP, one decoder layer, and the `Transformer` that sc
 
 Layer parameters are stacked along a leading `layers` axis and the layers run under
 `jax.lax.scan`, so compile time does not grow with depth and the KV cache is one
-`[L, B, S, Hkv, D]` array per k/v. Every parameter declares its logical axes once, as Variable
+`[L, B, S, Hkv, D]` array per k/v, carried through the scan and updated in place. Every parameter declares its logical axes once, as Variable
 metadata (`logical_axes`); `jaxrl_async.sharding` derives shardings from them.
 
 Numerics follow transformers' Llama: RMSNorm in float32 then cast back, RoPE with the
@@ -170,16 +170,30 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.
     return out.reshape(b, t, h, d)
 
 
+def dense(x: jax.Array, w: jax.Array, in_axes: int = 1) -> jax.Array:
+    """x [..., I] times w [I..., O...] (the first `in_axes` axes of w are contracted) -> [..., O...].
+
+    The token axes are flattened into one so that each weight gradient is a plain 2-D matmul:
+    contracting batch and time as two axes made XLA:CPU transpose the [B, T, F] activation
+    gradient element by element before the matmul, which cost more than the matmuls themselves.
+    """
+    in_shape, out_shape = w.shape[:in_axes], w.shape[in_axes:]
+    lead = x.shape[:x.ndim - in_axes]
+    y = x.reshape(-1, math.prod(in_shape)) @ w.reshape(math.prod(in_shape), -1)
+    return y.reshape(*lead, *out_shape)
+
+
 def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                  positions: jax.Array, cache_k: jax.Array | None, cache_v: jax.Array | None):
+                  positions: jax.Array, cache: KVCache | None, layer: jax.Array):
     """One pre-norm block. x [B, T, E]; p holds this layer's parameters (no layer axis).
 
-    Returns the new x and this layer's updated cache rows (None without a cache).
+    `cache` is the whole [L, ...] cache (or None) and `layer` this block's index in it: the new
+    keys/values are written into it in place and it is returned (None without a cache).
     """
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)  # [B, T, E]
-    q = jnp.einsum("bte,ehd->bthd", h, p["wq"])  # [B, T, H, D]
-    k = jnp.einsum("bte,ekd->btkd", h, p["wk"])  # [B, T, K, D]
-    v = jnp.einsum("bte,ekd->btkd", h, p["wv"])  # [B, T, K, D]
+    q = dense(h, p["wq"])  # [B, T, H, D]
+    k = dense(h, p["wk"])  # [B, T, K, D]
+    v = dense(h, p["wv"])  # [B, T, K, D]
     if cfg.attention_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     if cfg.qk_norm:
@@ -187,7 +201,7 @@ def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: 
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-    if cache_k is None:
+    if cache is None:
         # Causal among the T tokens by index; right padding only sees real tokens before it.
         t = x.shape[1]
         causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
@@ -195,21 +209,24 @@ def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: 
         keys, values = k, v
     else:
         # Token (b, t) goes to cache index positions[b, t]; positions past the end are dropped.
+        # The scatter updates the carried [L, ...] cache in place: slicing it per layer as scan
+        # xs/ys instead made XLA zero-fill and copy the whole cache on every call.
         rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
-        cache_k = cache_k.at[rows, positions].set(k.astype(cache_k.dtype), mode="drop")
-        cache_v = cache_v.at[rows, positions].set(v.astype(cache_v.dtype), mode="drop")
-        s = cache_k.shape[1]
+        cache = KVCache(
+            k=cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype), mode="drop"),
+            v=cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype), mode="drop"))
+        s = cache.k.shape[2]
         mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        keys, values = cache_k.astype(q.dtype), cache_v.astype(q.dtype)
+        keys, values = cache.k[layer].astype(q.dtype), cache.v[layer].astype(q.dtype)
 
     attn = attention(q, keys, values, mask)  # [B, T, H, D]
-    x = x + jnp.einsum("bthd,hde->bte", attn, p["wo"])
+    x = x + dense(attn, p["wo"], in_axes=2)
 
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    gate = jnp.einsum("bte,ef->btf", h, p["w_gate"])  # [B, T, F]
-    up = jnp.einsum("bte,ef->btf", h, p["w_up"])
-    x = x + jnp.einsum("btf,fe->bte", jax.nn.silu(gate) * up, p["w_down"])
-    return x, cache_k, cache_v
+    gate = dense(h, p["w_gate"])  # [B, T, F]
+    up = dense(h, p["w_up"])
+    x = x + dense(jax.nn.silu(gate) * up, p["w_down"])
+    return x, cache
 
 
 # --------------------------------------------------------------------------------- model
@@ -313,20 +330,16 @@ class Transformer(nnx.Module):
         x = self.embed[...][tokens]  # [B, T, E]
         cos, sin = rope_cos_sin(cfg, positions)  # [B, T, D]
 
-        def layer(x, xs):
-            p, ck, cv = xs
-            x, ck, cv = decoder_layer(cfg, p, x, cos, sin, positions, ck, cv)
-            return x, (ck, cv)
+        def layer(carry, xs):
+            x, cache = carry
+            p, index = xs
+            return decoder_layer(cfg, p, x, cos, sin, positions, cache, index), None
 
-        xs = (self.layers.stacked(),
-              None if cache is None else cache.k, None if cache is None else cache.v)
-        x, (new_k, new_v) = jax.lax.scan(layer, x, xs)
+        xs = (self.layers.stacked(), jnp.arange(cfg.num_layers))
+        (x, cache), _ = jax.lax.scan(layer, (x, cache), xs)
         x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
-        if cfg.tie_word_embeddings:
-            logits = jnp.einsum("bte,ve->btv", x, self.embed[...],
-                                preferred_element_type=jnp.float32)
-        else:
-            logits = jnp.einsum("bte,ev->btv", x, self.lm_head[...],
-                                preferred_element_type=jnp.float32)
-        new_cache = None if cache is None else KVCache(k=new_k, v=new_v)
-        return logits.astype(jnp.float32), new_cache
+        # [V, E] used as [E, V] (tied) is a transposed operand, not a copy; tokens flattened as in `dense`.
+        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
+        logits = jnp.dot(x.reshape(-1, cfg.hidden_size), head, preferred_element_type=jnp.float32)
+        logits = logits.reshape(*tokens.shape, -1)  # [B, T, V]
+        return logits.astype(jnp.float32), cache
