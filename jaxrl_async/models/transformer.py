@@ -9,8 +9,9 @@ Layer parameters are stacked along a leading `layers` axis and the layers run un
 metadata (`logical_axes`); `jaxrl_async.sharding` derives shardings from them.
 
 Numerics follow transformers' Llama: RMSNorm in float32 then cast back, RoPE with the
-rotate-half layout, softmax in float32. Attention scores are accumulated in float32 (transformers
-keeps them in the activation dtype), which only matters for bfloat16.
+rotate-half layout, softmax in float32. Attention scores are accumulated in float32
+(transformers keeps them in the activation dtype), which only matters for bfloat16. Attention
+has a hand-written, recomputing gradient (see `attention`).
 
 Deliberately left out: sliding-window attention, MoE, attention/logit soft-capping.
 """
@@ -157,17 +158,71 @@ def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCach
 # ----------------------------------------------------------------------------- attention
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] -> [B, T, H, D]."""
+def _to_heads(q: jax.Array, k: jax.Array, v: jax.Array):
+    """q [B, T, H, D] -> [B, K, G*T, D]; k -> [B, K, D, S]; v -> [B, K, S, D] (GQA: G = H / K).
+
+    Heads-major with the groups folded into the query axis, so every attention matmul below is a
+    plain batched [M, K] x [K, N] product: only these small [.., D] tensors are transposed, never
+    the [T, S] scores (XLA:CPU otherwise transposed the scores, element by element).
+    """
     b, t, h, d = q.shape
     kv_heads = k.shape[2]
-    q = q.reshape(b, t, kv_heads, h // kv_heads, d)  # [B, T, K, G, D]
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(d)  # [B, K, G, T, S]
+    qh = q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
+    return qh.reshape(b, kv_heads, -1, d), k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+
+
+def _from_heads(o: jax.Array, t: int) -> jax.Array:
+    """[B, K, G*T, D] -> [B, T, K*G, D]."""
+    b, kv_heads, gt, d = o.shape
+    return o.reshape(b, kv_heads, gt // t, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, -1, d)
+
+
+def _masked_scores(qh: jax.Array, kt: jax.Array, mask: jax.Array) -> jax.Array:
+    """float32 scores [B, K, G*T, S]; masked entries hold the float32 minimum."""
+    b, kv_heads, gt, d = qh.shape
+    scores = jnp.matmul(qh, kt, preferred_element_type=jnp.float32) / math.sqrt(d)
+    scores = scores.reshape(b, kv_heads, gt // mask.shape[1], *mask.shape[1:])  # [B, K, G, T, S]
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)  # [B, T, K, G, D]
-    return out.reshape(b, t, h, d)
+    return scores.reshape(b, kv_heads, gt, -1)
+
+
+@jax.custom_vjp
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] -> [B, T, H, D].
+
+    Softmax in float32. The gradient is hand-written (as in FlashAttention, Dao et al. 2022): the
+    backward pass recomputes the probabilities from q, k and the log-sum-exp instead of saving
+    [B, H, T, S] tensors per layer, and keeps the transposes on the small operands.
+    """
+    return _attention_fwd(q, k, v, mask)[0]
+
+
+def _attention_fwd(q, k, v, mask):
+    qh, kt, vh = _to_heads(q, k, v)
+    scores = _masked_scores(qh, kt, mask)
+    top = jnp.max(scores, axis=-1, keepdims=True)
+    exp = jnp.exp(scores - top)
+    total = jnp.sum(exp, axis=-1, keepdims=True)
+    out = jnp.matmul((exp / total).astype(v.dtype), vh)  # [B, K, G*T, D]
+    lse = top + jnp.log(total)  # [B, K, G*T, 1]
+    return _from_heads(out, q.shape[1]), (q, k, v, mask, out, lse)
+
+
+def _attention_bwd(res, d_out):
+    q, k, v, mask, out, lse = res
+    qh, kt, _ = _to_heads(q, k, v)
+    d_oh, vt = _to_heads(d_out, v, v)[0], v.transpose(0, 2, 3, 1)  # [B, K, G*T, D], [B, K, D, S]
+    probs = jnp.exp(_masked_scores(qh, kt, mask) - lse)  # [B, K, G*T, S] f32
+    d_probs = jnp.matmul(d_oh, vt, preferred_element_type=jnp.float32)
+    delta = jnp.sum(d_oh.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
+    d_scores = (probs * (d_probs - delta) / math.sqrt(q.shape[-1])).astype(q.dtype)
+    dq = _from_heads(jnp.matmul(d_scores, jnp.swapaxes(kt, -1, -2)), q.shape[1])
+    dk = jnp.matmul(jnp.swapaxes(qh, -1, -2), d_scores).transpose(0, 3, 1, 2)  # [B, S, K, D]
+    dv = jnp.matmul(jnp.swapaxes(d_oh, -1, -2), probs.astype(v.dtype)).transpose(0, 3, 1, 2)
+    return dq, dk, dv, None
+
+
+attention.defvjp(_attention_fwd, _attention_bwd)
 
 
 def dense(x: jax.Array, w: jax.Array, in_axes: int = 1) -> jax.Array:
