@@ -63,31 +63,37 @@ def test_a_ray_run_trains_every_group_once_within_the_bound(tmp_path):
 def test_a_killed_generation_worker_costs_no_group_and_keeps_the_bound(tmp_path):
     job = _job(tmp_path)
     proxy = job.controller.engine
-    killed: dict[str, object] = {}
+    kills: list[dict[str, object]] = []
 
     def kill_a_busy_worker(record: dict) -> None:
-        """After a step (new groups were just submitted), SIGKILL a worker that holds requests."""
-        if killed:
+        """After every other step, SIGKILL the busiest worker (three kills at most).
+
+        A request whose last poll answer is already on the wire survives its worker's death, so
+        one kill can happen to lose nothing; three kills make that vanishingly unlikely.
+        """
+        if len(kills) >= 3 or record["step"] % 2:
             return
         busy = [w for w in proxy.workers if w.alive and w.live]
         if busy:
             worker = max(busy, key=lambda w: len(w.live))
-            killed.update(pid=worker.pid, step=record["step"], requests=sorted(worker.live))
+            kills.append({"pid": worker.pid, "step": record["step"], "requests": sorted(worker.live)})
             os.kill(worker.pid, signal.SIGKILL)
 
     job.controller.sinks.append(StepProbe(kill_a_busy_worker))
     summary = job.run()
 
-    assert killed, "no step ended with a worker holding requests: nothing was killed"
-    held = {int(r.split(".")[0]) for r in killed["requests"]}
+    assert kills, "no step ended with a worker holding requests: nothing was killed"
+    killed = {"kills": kills}
+    held = {int(r.split(".")[0]) for k in kills for r in k["requests"]}
     ledger = read_jsonl(tmp_path / "ledger.jsonl")
     admits = [e["uid"] for e in ledger if e["event"] == "admit"]
     trained = [g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]]
     # The re-admitted groups are the dead worker's (a poll answer already on the wire may still
     # deliver a group it finished), and each was trained exactly once.
-    lost_uids = {uid for uid in admits if admits.count(uid) == 2}
+    lost_uids = {uid for uid in admits if admits.count(uid) >= 2}
+    readmissions = sum(admits.count(uid) - 1 for uid in lost_uids)
     assert lost_uids and lost_uids <= held, (killed, admits)
     assert all(trained.count(uid) == 1 for uid in lost_uids)
-    assert summary["groups_readmitted"] == len(lost_uids)
+    assert summary["groups_readmitted"] == readmissions
     _assert_strict_and_complete(tmp_path, summary)
-    assert audit(tmp_path, ETA).readmissions == len(lost_uids)
+    assert audit(tmp_path, ETA).readmissions == readmissions
