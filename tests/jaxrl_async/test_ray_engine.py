@@ -1,9 +1,9 @@
 """cluster=ray: JAX engines as Ray actors behind one GenerationEngine, and a worker that dies.
 
 Runs against the cluster in RAY_ADDRESS (CI: `ray start --head --num-cpus=2` in .ci/run) or a
-private local one. The runtime (`jaxrl_async.train`) drives only `cluster=local` so far, so these
-tests drive the proxy directly, with the same loss handling the runtime would do: a lost request
-is regenerated (its earlier pieces discarded, like `on_group_lost(prefix_kept=False)`).
+private local one. These tests drive the proxy directly, with the loss handling the runtime does:
+a lost request is regenerated (its earlier pieces discarded, like `on_group_lost(prefix_kept=False)`);
+the full runs through `jaxrl_async.train cluster=ray` are in test_train_ray.py.
 """
 
 from __future__ import annotations
