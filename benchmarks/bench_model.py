@@ -4,12 +4,9 @@
 module, both models get the same parameters, and the runs alternate so that both see the same
 machine load (CPU timings on a shared machine drift by 2x within a minute; only medians of
 interleaved runs compare). Measured, per model:
-- train: jitted gradient of the summed next-token log-probs (what the train step differentiates)
-  at `--rows` x `--seq` on a small random model (the shape of `bench_train_step.py`), and its
-  forward alone;
-- decode: one jitted decode step (`engines.steps.engine_decode`, cache donated) of SmolLM2-135M's
-  shape (random float32 weights) at each of `--batches`, with a `--max-len` cache.
-Prints medians, the ratio baseline / current, and the largest output difference between the two.
+jitted gradient of the summed next-token log-probs (what the train step differentiates) at
+`--rows` x `--seq` on a small random model (the shape of `bench_train_step.py`), and its forward
+alone. (Generation is measured end to end by `bench_engine.py`.) Prints medians, the ratio baseline / current, and the largest output difference between the two.
 
 Not a test: `python benchmarks/bench_model.py [--baseline HEAD --rows 16 --seq 256 ...]`.
 """
@@ -30,15 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_async.engines.steps import engine_decode
 from jaxrl_async.models import transformer as current
 from jaxrl_async.models.config import ModelConfig
 
 MODEL_FILE = "jaxrl_async/models/transformer.py"
-SMOLLM2_135M = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
-                    num_heads=9, num_kv_heads=3, head_dim=64, rope_theta=100000.0,
-                    tie_word_embeddings=True, max_position_embeddings=8192, bos_token_id=1,
-                    eos_token_ids=(2,))
 
 
 def import_revision(rev: str, tmp: str):
@@ -86,7 +78,9 @@ def train_case(modules: dict, args) -> dict:
         graphdef, params = nnx.split(model)
 
         def logprob_sum(params, graphdef=graphdef):
-            logits, _ = nnx.merge(graphdef, params)(tokens, positions)
+            logits = nnx.merge(graphdef, params)(tokens, positions)
+            if isinstance(logits, tuple):  # revisions before the cache moved out returned (logits, cache)
+                logits = logits[0]
             logp = jax.nn.log_softmax(logits[:, :-1], axis=-1)
             return jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1).sum()
 
@@ -102,36 +96,9 @@ def train_case(modules: dict, args) -> dict:
     return {"medians_s": interleaved_medians(fns, args.repeats), "max_grad_diff": diff}
 
 
-def decode_case(modules: dict, args, batch: int) -> dict:
-    cfg = ModelConfig(**SMOLLM2_135M)
-    fns, outputs = {}, {}
-    step = jax.jit(engine_decode, static_argnums=0, donate_argnums=3)
-    zeros_i, zeros_f = jnp.zeros((batch,), jnp.int32), jnp.zeros((batch,), jnp.float32)
-    tokens = jnp.arange(batch, dtype=jnp.int32) + 100
-    positions = jnp.full((batch,), args.max_len // 2, jnp.int32)
-    for name, model in twin_models(modules, cfg).items():
-        graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-        module = modules[name]
-        state = {"cache": module.init_cache(cfg, batch, args.max_len)}
-
-        def run(graphdef=graphdef, params=params, rest=rest, state=state):
-            state["cache"], next_tokens, logprobs = step(
-                graphdef, params, rest, state["cache"], tokens, positions, zeros_i.astype(jnp.uint32),
-                zeros_i, positions, zeros_f, zeros_f + 1, zeros_i)
-            return logprobs
-
-        start = time.perf_counter()
-        outputs[name] = jax.block_until_ready(run())
-        print(f"decode batch {batch} {name}: first call {time.perf_counter() - start:.1f}s", flush=True)
-        fns[name] = run
-    diff = float(jnp.max(jnp.abs(jnp.subtract(*outputs.values()))))
-    return {"medians_s": interleaved_medians(fns, args.repeats), "max_logprob_diff": diff}
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default="HEAD", help="git revision of the model file to compare to")
-    ap.add_argument("--cases", nargs="+", default=["train", "decode"], choices=["train", "decode"])
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--hidden", type=int, default=256)
     ap.add_argument("--heads", type=int, default=8)
@@ -139,18 +106,12 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=4096)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--seq", type=int, default=256)
-    ap.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    ap.add_argument("--max-len", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         modules = {"baseline": import_revision(args.baseline, tmp), "current": current}
-        if "train" in args.cases:
-            results["train"] = train_case(modules, args)
-        if "decode" in args.cases:
-            for batch in args.batches:
-                results[f"decode_b{batch}"] = decode_case(modules, args, batch)
+        results["train"] = train_case(modules, args)
     for case, r in results.items():
         m = r["medians_s"]
         for part in sorted({k.split(" ", 1)[1] if " " in k else "" for k in m}):

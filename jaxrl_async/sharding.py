@@ -101,10 +101,11 @@ def shard_model(model_or_state, mesh: Mesh, rules=RULES):
 
 
 def cache_shardings(cache: KVCache, mesh: Mesh, rules=RULES) -> KVCache:
-    """Shardings of a KVCache [L, B, S, Hkv, D]: batch rows over data/fsdp, kv heads on tensor."""
-    axes = ("layers", "batch", "seq", "kv_heads", "head_dim")
-    return KVCache(k=logical_sharding(axes, cache.k.shape, mesh, rules),
-                   v=logical_sharding(axes, cache.v.shape, mesh, rules))
+    """Shardings of a per-layer KVCache (k [B, Hkv, D, S], v [B, Hkv, S, D]): batch rows over
+    data/fsdp, kv heads on tensor."""
+    k_axes, v_axes = ("batch", "kv_heads", "head_dim", "seq"), ("batch", "kv_heads", "seq", "head_dim")
+    return KVCache(k=tuple(logical_sharding(k_axes, k.shape, mesh, rules) for k in cache.k),
+                   v=tuple(logical_sharding(v_axes, v.shape, mesh, rules) for v in cache.v))
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2, rules=RULES) -> NamedSharding:

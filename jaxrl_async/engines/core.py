@@ -7,22 +7,25 @@
    two decode steps, and in-flight samples continue on the new weights (their earlier keys and
    values stay as the old weights computed them, as in AReaL's partial rollout);
 2. admission: requests leave the priority queue while their `n` samples fit in free slots;
-   each prompt is prefilled once (all but its last token, right-padded to a power-of-two
-   bucket) and the prefix is copied into its `n` slots;
+   each prompt is prefilled once (all but its last token) into its first slot, several prompts
+   packed into one row padded to a power-of-two bucket, and the prefix is copied into the
+   prompt's other `n - 1` slots;
 3. one decode step for every slot: feed each slot's last token, sample the next one.
 
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
 core directly; `JaxEngine` (jax_engine.py) runs it in a thread for the async runtime.
 
-Compilations: `engine_prefill` and `engine_write_prefix` once per prompt bucket,
-`engine_decode` once, per model structure and engine shape. The jitted steps are module-level,
+The engine keeps its weights in the generation layout (`inference_weights`: one array per
+layer), made by one jitted copy when weights are installed, and a per-layer KV cache.
+
+Compilations: `engine_prefill` and `engine_copy_prefix` once per bucket, `engine_decode` once,
+per model structure and engine shape. The jitted steps are module-level,
 so engines of the same shapes share them; `COMPILE_COUNTS` counts their backend compilations
 process-wide (from jax's compile events, so it also sees recompilations without a retrace,
 e.g. for a changed input sharding).
 
-Left out on purpose: batched prefill of several prompts (one prompt per call keeps the
-compilation count to one per bucket), chunked prefill, prefix caching across requests, paged
-KV memory (every slot owns `max_len` positions).
+Left out on purpose: chunked prefill of a prompt longer than one call, prefix caching across
+requests, paged KV memory (every slot owns `max_len` positions).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -41,13 +45,13 @@ from jaxrl_async.engines.base import GenerationRequest, SampleOutput
 from jaxrl_async.engines.scheduler import RequestQueue, Sequence
 from jaxrl_async.engines.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
-from jaxrl_async.models.transformer import init_cache
+from jaxrl_async.models.transformer import inference_weights, init_cache
 
 SyncMode = Literal["partial", "drain"]
 
 COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
-_STEPS = ("engine_prefill", "engine_write_prefix", "engine_decode")
+_STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode")
 
 
 def _count_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -57,9 +61,11 @@ def _count_compile(event: str, duration_s: float, **kwargs) -> None:
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
-_prefill = jax.jit(steps.engine_prefill, static_argnums=(0, 1, 2))
-_write_prefix = jax.jit(steps.engine_write_prefix, donate_argnums=0)
-_decode = jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=3)
+_prefill = jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2)
+_copy_prefix = jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0)
+_decode = jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2)
+# New arrays (jnp.copy), so a caller may donate or delete the weights it pushed.
+_install = jax.jit(lambda params: jax.tree.map(jnp.copy, inference_weights(params)))
 
 
 @dataclass(frozen=True)
@@ -144,15 +150,17 @@ class EngineCore:
         self.config = config
         self.model_config = model_config
         self.version = version
-        self._graphdef, params, self._rest = nnx.split(model, nnx.Param, ...)
+        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        # What new weights must look like (shapes, dtypes, shardings), without holding them.
+        self._reference = jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
         # The engine's own committed copy: updates arrive committed too, so the jitted steps
         # see the same input shardings before and after a swap (no recompilation).
-        self._params = accept_params(params, params)
+        self._weights = self.check_params(params)
         cache_dtype = config.cache_dtype or model_config.dtype
-        self._cache_dtype = cache_dtype
         # Committed to the weights' device like every step output, so that the first call of
         # a step does not compile for an uncommitted cache and the second for a committed one.
-        device = next(iter(jax.tree.leaves(self._params)[0].devices()))
+        device = next(iter(jax.tree.leaves(self._weights)[0].devices()))
         self._cache = jax.device_put(
             init_cache(model_config, config.num_slots, config.max_len, cache_dtype), device)
         # Work done, for metrics: prefills, prefill_tokens (unpadded), decode_steps, tokens.
@@ -161,7 +169,7 @@ class EngineCore:
         self._slots: list[Sequence | None] = [None] * config.num_slots
         self._arrays = _SlotArrays(config.num_slots)
         self._live: dict[str, int] = {}  # request id -> samples not yet done
-        self._pending_weights: tuple[nnx.State, int] | None = None
+        self._pending_weights: tuple[dict, int] | None = None
         self._seeds = np.random.default_rng(config.seed)
 
     # ------------------------------------------------------------------ queries
@@ -230,9 +238,10 @@ class EngineCore:
                 outputs.append(self._finish(slot, "abort"))
         return outputs
 
-    def check_params(self, params: Any) -> nnx.State:
-        """Validate new weights against the engine's (ValueError naming the leaf); copy them."""
-        return accept_params(self._params, params)
+    def check_params(self, params: Any) -> dict:
+        """Validate new weights against the engine's (ValueError naming the leaf) and copy them
+        into the generation layout (`inference_weights`)."""
+        return _install(accept_params(self._reference, params))
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap weights now ("partial") or once in-flight samples finish ("drain").
@@ -242,52 +251,85 @@ class EngineCore:
         """
         self.install_weights(self.check_params(params), version)
 
-    def install_weights(self, state: nnx.State, version: int) -> None:
-        """`update_weights` for a State that `check_params` already accepted (and copied)."""
+    def install_weights(self, weights: dict, version: int) -> None:
+        """`update_weights` for weights that `check_params` already accepted (and copied)."""
         latest = self._pending_weights[1] if self._pending_weights else self.version
         if version < latest:
             raise ValueError(f"update_weights: version={version} goes backwards (engine is at {latest})")
         if self.config.sync_mode == "partial":
-            self._params, self.version = state, version
+            self._weights, self.version = weights, version
         else:
-            self._pending_weights = (state, version)
+            self._pending_weights = (weights, version)
 
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[SampleOutput]:
         """One iteration: maybe swap weights, admit, decode one token per active slot."""
         if self._pending_weights is not None and not self.active_slots:
-            self._params, self.version = self._pending_weights
+            self._weights, self.version = self._pending_weights
             self._pending_weights = None
         if self._pending_weights is None:
-            for request in self._queue.pop_admissible(len(self._free_slots())):
-                self._admit(request)
+            self._admit(self._queue.pop_admissible(len(self._free_slots())))
         if not self.active_slots:
             return []
         return self._decode_step()
 
-    def _admit(self, request: GenerationRequest) -> None:
-        sp, prompt = request.sampling, request.prompt_ids
-        slots = self._free_slots()[:sp.n]
-        prefix_len = len(prompt) - 1  # the last prompt token is fed by the first decode step
-        if prefix_len:
-            bucket = next(b for b in self.config.buckets() if b >= prefix_len)
-            tokens = np.zeros((1, bucket), np.int32)
-            tokens[0, :prefix_len] = prompt[:-1]
-            prefix = self._run_prefill(tokens)
-            self.counters["prefills"] += 1
-            self.counters["prefill_tokens"] += prefix_len
-            for slot in slots:
-                self._cache = _write_prefix(self._cache, prefix, np.int32(slot))
-        a = self._arrays
-        for i, slot in enumerate(slots):
-            self._slots[slot] = Sequence(
-                request_id=request.request_id, sample_index=i, last_token=prompt[-1],
-                position=prefix_len, max_new_tokens=sp.max_new_tokens,
-                stop_token_ids=frozenset(sp.stop_token_ids))
-            a.tokens[slot], a.positions[slot], a.token_index[slot] = prompt[-1], prefix_len, 0
-            a.seeds[slot], a.sample_index[slot] = sp.seed, i
-            a.temperature[slot], a.top_p[slot], a.top_k[slot] = sp.temperature, sp.top_p, sp.top_k
+    def _admit(self, requests: list[GenerationRequest]) -> None:
+        """Give each request its `n` slots, prefill the prompts (packed), copy shared prefixes."""
+        free = iter(self._free_slots())
+        a, to_prefill = self._arrays, []
+        for request in requests:
+            sp, prompt = request.sampling, request.prompt_ids
+            slots = [next(free) for _ in range(sp.n)]
+            prefix_len = len(prompt) - 1  # the last prompt token is fed by the first decode step
+            if prefix_len:
+                to_prefill.append((prompt[:-1], slots))
+            for i, slot in enumerate(slots):
+                self._slots[slot] = Sequence(
+                    request_id=request.request_id, sample_index=i, last_token=prompt[-1],
+                    position=prefix_len, max_new_tokens=sp.max_new_tokens,
+                    stop_token_ids=frozenset(sp.stop_token_ids))
+                a.tokens[slot], a.positions[slot], a.token_index[slot] = prompt[-1], prefix_len, 0
+                a.seeds[slot], a.sample_index[slot] = sp.seed, i
+                a.temperature[slot], a.top_p[slot], a.top_k[slot] = sp.temperature, sp.top_p, sp.top_k
+        for pack in self._packs([prefix for prefix, _ in to_prefill]):
+            self._prefill_pack([to_prefill[i] for i in pack])
+        for prefix, slots in to_prefill:
+            bucket = self._bucket(len(prefix))
+            for slot in slots[1:]:
+                self._cache = _copy_prefix(self._cache, np.int32(slots[0]), np.int32(slot), bucket)
+
+    def _bucket(self, length: int) -> int:
+        return next(b for b in self.config.buckets() if b >= length)
+
+    def _packs(self, prefixes: list[list[int]]) -> list[list[int]]:
+        """Group prefix indices, in order, into rows of at most `max_len` tokens."""
+        packs, total = [], self.config.max_len
+        for i, prefix in enumerate(prefixes):
+            if total + len(prefix) > self.config.max_len:
+                packs.append([])
+                total = 0
+            packs[-1].append(i)
+            total += len(prefix)
+        return packs
+
+    def _prefill_pack(self, pack: list[tuple[list[int], list[int]]]) -> None:
+        """One prefill call for prompts packed into a row; each goes to its first slot."""
+        bucket = self._bucket(sum(len(prefix) for prefix, _ in pack))
+        tokens, positions = np.zeros((1, bucket), np.int32), np.zeros((1, bucket), np.int32)
+        segments = np.full((1, bucket), -1, np.int32)
+        slots = np.full(bucket, self.config.num_slots, np.int32)  # out of range: dropped
+        offset = 0
+        for i, (prefix, prompt_slots) in enumerate(pack):
+            end = offset + len(prefix)
+            tokens[0, offset:end], positions[0, offset:end] = prefix, np.arange(len(prefix))
+            segments[0, offset:end], slots[offset:end] = i, prompt_slots[0]
+            offset = end
+        self._cache = _prefill(self.model_config, self._weights, self._cache, tokens, positions,
+                               segments, slots)
+        self.counters["prefills"] += len(pack)
+        self.counters["prefill_calls"] += 1
+        self.counters["prefill_tokens"] += offset
 
     def _decode_step(self) -> list[SampleOutput]:
         self._cache, next_tokens, logprobs = self._run_decode()
@@ -325,17 +367,15 @@ class EngineCore:
         if self.active_slots:
             raise ValueError(f"warmup: needs an idle engine, {self.active_slots} slots are active")
         for bucket in self.config.buckets():
-            prefix = self._run_prefill(np.zeros((1, bucket), np.int32))
-            self._cache = _write_prefix(self._cache, prefix, np.int32(0))
+            zeros = np.zeros((1, bucket), np.int32)
+            self._cache = _prefill(self.model_config, self._weights, self._cache, zeros, zeros,
+                                   zeros, zeros[0])
+            self._cache = _copy_prefix(self._cache, np.int32(0), np.int32(0), bucket)
         self._cache, tokens, _ = self._run_decode()
         jax.block_until_ready(tokens)
 
-    def _run_prefill(self, tokens: np.ndarray):
-        return _prefill(self._graphdef, self.model_config, self._cache_dtype, self._params,
-                        self._rest, tokens)
-
     def _run_decode(self):
         a = self._arrays
-        return _decode(self._graphdef, self._params, self._rest, self._cache, a.tokens,
+        return _decode(self.model_config, self._weights, self._cache, a.tokens,
                        a.positions, a.seeds, a.sample_index, a.token_index, a.temperature,
                        a.top_p, a.top_k)

@@ -1,14 +1,20 @@
-"""The jitted device work of the JAX engine, as pure functions over (graphdef, params, rest).
+"""The jitted device work of the JAX engine, as pure functions over (model config, weights, cache).
 
-- `engine_prefill`: run a right-padded prompt bucket [1, T] through the model into a fresh [L, 1, T]
-  cache. T is a power-of-two bucket, so there is one compilation per bucket, not per length.
-- `engine_write_prefix`: copy that prefix into one slot row of the engine cache (donated, in place).
+The weights are `inference_weights` (one array per layer) and the cache a per-layer `KVCache`
+[S slots, ..., max_len]; both cache-writing steps donate it, so it is updated in place.
+
+- `engine_prefill`: run a packed row [1, T] of prompts through the model and write each token's
+  keys/values into its slot at its position. Several prompts share one call (and its weight
+  reads); T is a power-of-two bucket, so there is one compilation per bucket, not per length.
+- `engine_copy_prefix`: copy the first `length` positions of one slot's cache into another
+  (the other samples of a prompt with n > 1 share its prefill).
 - `engine_decode`: feed one token per slot [S] at its position, sample the next token per slot with
-  its own parameters, return the updated cache (donated), the tokens and their log-probs.
+  its own parameters, return the updated cache, the tokens and their log-probs.
 
 Padding is harmless by the model's cache contract: a query at position p attends cache indices
 j <= p of its row only, and index p is always written (by prefill or by the decode step at p)
-before a query at p reads it; stale values past a sequence's position are never read.
+before a query at p reads it; stale values past a sequence's position are never read. Packed
+padding tokens carry an out-of-range slot, so their writes are dropped.
 
 The names carry an `engine_` prefix because jax reports compilations by function name
 (`core.COMPILE_COUNTS`).
@@ -17,45 +23,52 @@ The names carry an `engine_` prefix because jax reports compilations by function
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
-from flax import nnx
 
 from jaxrl_async.engines import sampling
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import KVCache, init_cache
+from jaxrl_async.models.transformer import (KVCache, cached_attend, causal_attend, forward_layers,
+                                            inference_logits, write_kv)
 
 
-def engine_prefill(graphdef: nnx.GraphDef, cfg: ModelConfig, cache_dtype: str, params: nnx.State,
-            rest: nnx.State, tokens: jax.Array) -> KVCache:
-    """tokens [1, T] int32 (right padded) -> their keys/values, a KVCache [L, 1, T, Hkv, D]."""
-    model = nnx.merge(graphdef, params, rest)
-    t = tokens.shape[1]
-    positions = jnp.arange(t, dtype=jnp.int32)[None, :]
-    # The logits are unused; XLA drops the LM head from the compiled program.
-    _, prefix = model(tokens, positions, cache=init_cache(cfg, 1, t, cache_dtype))
-    return prefix
+def engine_prefill(cfg: ModelConfig, weights: dict, cache: KVCache, tokens: jax.Array,
+                   positions: jax.Array, segments: jax.Array, slots: jax.Array) -> KVCache:
+    """Prefill packed prompts. tokens/positions/segments [1, T] int32: each prompt is one segment
+    with positions 0, 1, ...; slots [T]: the slot each token's keys/values go to (num_slots for
+    padding, which is dropped). The logits are not computed."""
+    attend = causal_attend(segments)
+    _, kvs = forward_layers(cfg, weights, tokens, positions, [attend] * cfg.num_layers)
+    new = [write_kv(kt, v, k_new[0], v_new[0], slots, positions[0])
+           for kt, v, (k_new, v_new) in zip(cache.k, cache.v, kvs, strict=True)]
+    return KVCache(k=tuple(kt for kt, _ in new), v=tuple(v for _, v in new))
 
 
-def engine_write_prefix(cache: KVCache, prefix: KVCache, slot: jax.Array) -> KVCache:
-    """Write prefix [L, 1, T, ...] at positions [0, T) of row `slot` of cache [L, S, max_len, ...]."""
-    start = (0, slot, 0, 0, 0)
-    return KVCache(k=jax.lax.dynamic_update_slice(cache.k, prefix.k, start),
-                   v=jax.lax.dynamic_update_slice(cache.v, prefix.v, start))
+def engine_copy_prefix(cache: KVCache, src: jax.Array, dst: jax.Array, length: int) -> KVCache:
+    """Copy positions [0, length) of slot `src` into slot `dst` (length static: a prompt bucket)."""
+
+    def copy(x: jax.Array, seq_axis: int) -> jax.Array:
+        size = list(x.shape)
+        size[0], size[seq_axis] = 1, length
+        row = jax.lax.dynamic_slice(x, (src, 0, 0, 0), size)
+        return jax.lax.dynamic_update_slice(x, row, (dst, 0, 0, 0))
+
+    return KVCache(k=tuple(copy(kt, 3) for kt in cache.k), v=tuple(copy(v, 2) for v in cache.v))
 
 
-def engine_decode(graphdef: nnx.GraphDef, params: nnx.State, rest: nnx.State, cache: KVCache,
-           tokens: jax.Array, positions: jax.Array, seeds: jax.Array, sample_index: jax.Array,
-           token_index: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
-           ) -> tuple[KVCache, jax.Array, jax.Array]:
+def engine_decode(cfg: ModelConfig, weights: dict, cache: KVCache, tokens: jax.Array,
+                  positions: jax.Array, seeds: jax.Array, sample_index: jax.Array,
+                  token_index: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
+                  ) -> tuple[KVCache, jax.Array, jax.Array]:
     """One decode step for all S slots (free slots compute garbage that nobody reads).
 
     tokens/positions [S] int32: the token fed to each slot and its position; seeds [S] uint32,
     sample_index/token_index [S] int32 name each slot's random stream; temperature/top_p [S]
     float32, top_k [S] int32. Returns (cache, next tokens [S] int32, their log-probs [S]).
     """
-    model = nnx.merge(graphdef, params, rest)
-    logits, cache = model(tokens[:, None], positions[:, None], cache=cache)
-    logits = logits[:, 0]  # [S, V]
+    positions = positions[:, None]
+    attends = [cached_attend(kt, v, positions) for kt, v in zip(cache.k, cache.v, strict=True)]
+    x, kvs = forward_layers(cfg, weights, tokens[:, None], positions, attends)
+    logits = inference_logits(cfg, weights, x)[:, 0]  # [S, V]
     keys = sampling.sample_keys(seeds, sample_index, token_index)
     next_tokens = sampling.sample(logits, keys, temperature, top_p, top_k)
+    cache = KVCache(k=tuple(kt for kt, _ in kvs), v=tuple(v for _, v in kvs))
     return cache, next_tokens, sampling.token_logprobs(logits, next_tokens)

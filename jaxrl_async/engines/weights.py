@@ -19,12 +19,14 @@ def _leaves(tree: Any) -> dict[str, Any]:
             for path, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
 
 
-def accept_params(reference: nnx.State, incoming: Any) -> nnx.State:
-    """Return `incoming` as a State shaped like `reference`, on the reference's devices.
+def accept_params(reference: Any, incoming: Any) -> dict:
+    """Check `incoming` against `reference`; return it as a pure dict on the reference's devices.
 
-    `incoming` is an `nnx.State` or the nested dict of arrays `nnx.to_pure_dict` gives. The
-    arrays are copied, so the caller may donate or delete its own afterwards. Raises a one-line
-    ValueError naming the first missing, unexpected, mis-shaped or mis-typed leaf.
+    Both are an `nnx.State` or the nested dict of arrays `nnx.to_pure_dict` gives; the
+    reference's leaves may be `jax.ShapeDtypeStruct`s (shape, dtype and sharding are all it
+    needs). The arrays are not copied when already in place: the caller copies them into its own
+    layout (the engine's `inference_weights`). Raises a one-line ValueError naming the first
+    missing, unexpected, mis-shaped or mis-typed leaf.
     """
     ref, new = _leaves(reference), _leaves(incoming)
     missing = [k for k in ref if k not in new]
@@ -40,9 +42,5 @@ def accept_params(reference: nnx.State, incoming: Any) -> nnx.State:
             raise ValueError(
                 f"update_weights: leaf params{key} has shape {shape} dtype {dtype}; "
                 f"the engine's is shape {want.shape} dtype {want.dtype}")
-    state = jax.tree.map(lambda x: x, reference)  # fresh Variables, same structure
-    pure = jax.tree.map(lambda x, r: jax.device_put(x, r.sharding, may_alias=False),
-                        nnx.to_pure_dict(incoming) if isinstance(incoming, nnx.State) else incoming,
-                        nnx.to_pure_dict(reference))
-    nnx.replace_by_pure_dict(state, pure)
-    return state
+    pure = lambda tree: nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree  # noqa: E731
+    return jax.tree.map(lambda x, r: jax.device_put(x, r.sharding), pure(incoming), pure(reference))

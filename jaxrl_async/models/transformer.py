@@ -1,12 +1,17 @@
 """Decoder-only LM for the Llama / Qwen2 / Qwen3 family, in Flax NNX.
 
-Read top to bottom: RoPE tables, RMSNorm, attention (GQA, optional Qwen biases and q/k norm,
-optional KV cache), SwiGLU MLP, one decoder layer, and the `Transformer` that scans the layers.
+Read top to bottom: RoPE tables, RMSNorm, the KV cache, attention (GQA, optional Qwen biases
+and q/k norm), SwiGLU MLP, one decoder layer, the `Transformer`, and the generation forward.
 
-Layer parameters are stacked along a leading `layers` axis and the layers run under
-`jax.lax.scan`, so compile time does not grow with depth and the KV cache is one
-`[L, B, S, Hkv, D]` array per k/v, carried through the scan and updated in place. Every parameter declares its logical axes once, as Variable
-metadata (`logical_axes`); `jaxrl_async.sharding` derives shardings from them.
+Two layouts of the same parameters, for two jobs:
+- training / scoring (`Transformer.__call__`): layer parameters stacked along a leading `layers`
+  axis and scanned with `jax.lax.scan`, so compile time does not grow with depth;
+- generation (`inference_weights` + `forward_layers`): one array per layer and an unrolled loop,
+  with a per-layer KV cache. On CPU, slicing a layer out of a stack inside a compiled decode step
+  copies it, every step; per-layer arrays are read in place (SmolLM2-135M, 2 cores: decode
+  step at batch 32 153 -> see README).
+Every parameter declares its logical axes once, as Variable metadata (`logical_axes`);
+`jaxrl_async.sharding` derives shardings from them.
 
 Numerics follow transformers' Llama: RMSNorm in float32 then cast back, RoPE with the
 rotate-half layout, softmax in float32. Attention scores are accumulated in float32
@@ -142,33 +147,44 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
 
 @flax.struct.dataclass
 class KVCache:
-    """Keys and values of every layer; row b of the batch is one sequence (one engine slot)."""
+    """Keys and values of every layer, one array per layer; row b is one sequence (an engine slot).
 
-    k: jax.Array  # [L, B, S, Hkv, D]
-    v: jax.Array  # [L, B, S, Hkv, D]
+    Keys are kept transposed, [B, Hkv, D, S], and values as [B, Hkv, S, D]: both attention
+    products of a decode step (q.k^T and p.v) then read their cache operand as a plain [K, N]
+    matrix, with no per-step transpose of the cache (which cost XLA:CPU as much as the layer's
+    matmuls). One array per layer rather than one [L, ...] array: slicing a layer out of a
+    stacked array inside the compiled step copied it.
+    """
+
+    k: tuple[jax.Array, ...]  # L x [B, Hkv, D, S]
+    v: tuple[jax.Array, ...]  # L x [B, Hkv, S, D]
 
 
 def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
     """An all-zero cache for `batch` rows of `max_len` positions (dtype defaults to cfg.dtype)."""
-    shape = (cfg.num_layers, batch, max_len, cfg.num_kv_heads, cfg.head_dim)
-    dtype = jnp.dtype(dtype or cfg.dtype)
-    return KVCache(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype))
+    b, kv, d, dtype = batch, cfg.num_kv_heads, cfg.head_dim, jnp.dtype(dtype or cfg.dtype)
+    return KVCache(k=tuple(jnp.zeros((b, kv, d, max_len), dtype) for _ in range(cfg.num_layers)),
+                   v=tuple(jnp.zeros((b, kv, max_len, d), dtype) for _ in range(cfg.num_layers)))
+
+
+def write_kv(kt: jax.Array, v: jax.Array, k_new: jax.Array, v_new: jax.Array, rows: jax.Array,
+             positions: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Write k_new/v_new [..., Hkv, D] at (rows, positions) (index arrays of shape [...]) of one
+    layer's cache (kt [B, Hkv, D, S], v [B, Hkv, S, D]); out-of-range rows or positions are dropped
+    (padding)."""
+    kt = kt.at[rows, :, :, positions].set(k_new.astype(kt.dtype), mode="drop")
+    v = v.at[rows, :, positions].set(v_new.astype(v.dtype), mode="drop")
+    return kt, v
 
 
 # ----------------------------------------------------------------------------- attention
 
 
-def _to_heads(q: jax.Array, k: jax.Array, v: jax.Array):
-    """q [B, T, H, D] -> [B, K, G*T, D]; k -> [B, K, D, S]; v -> [B, K, S, D] (GQA: G = H / K).
-
-    Heads-major with the groups folded into the query axis, so every attention matmul below is a
-    plain batched [M, K] x [K, N] product: only these small [.., D] tensors are transposed, never
-    the [T, S] scores (XLA:CPU otherwise transposed the scores, element by element).
-    """
+def _q_heads(q: jax.Array, kv_heads: int) -> jax.Array:
+    """q [B, T, H, D] -> [B, K, G*T, D] (GQA, G = H / K): the groups fold into the query axis, so
+    every attention matmul below is a plain batched [M, K] x [K, N] product."""
     b, t, h, d = q.shape
-    kv_heads = k.shape[2]
-    qh = q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
-    return qh.reshape(b, kv_heads, -1, d), k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3)
+    return q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, d)
 
 
 def _from_heads(o: jax.Array, t: int) -> jax.Array:
@@ -187,42 +203,84 @@ def _masked_scores(qh: jax.Array, kt: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 @jax.custom_vjp
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, T, H, D]; k, v [B, S, K, D]; mask [B, T, S] -> [B, T, H, D].
+def attention(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
+    """Grouped-query attention. q [B, T, H, D]; kt [B, K, D, S]; v [B, K, S, D]; mask [B, T, S]
+    -> [B, T, H, D].
 
-    Softmax in float32. The gradient is hand-written (as in FlashAttention, Dao et al. 2022): the
-    backward pass recomputes the probabilities from q, k and the log-sum-exp instead of saving
-    [B, H, T, S] tensors per layer, and keeps the transposes on the small operands.
+    Keys arrive transposed and values heads-major (the KV cache's layout), so only the small
+    per-token tensors are ever transposed, never the [T, S] scores (XLA:CPU transposed those
+    element by element). Softmax in float32. The gradient is hand-written (as in FlashAttention,
+    Dao et al. 2022): the backward pass recomputes the probabilities from q, k and the
+    log-sum-exp instead of saving [B, H, T, S] tensors per layer.
     """
-    return _attention_fwd(q, k, v, mask)[0]
+    return _attention_fwd(q, kt, v, mask)[0]
 
 
-def _attention_fwd(q, k, v, mask):
-    qh, kt, vh = _to_heads(q, k, v)
+def _attention_fwd(q, kt, v, mask):
+    qh = _q_heads(q, kt.shape[1])
     scores = _masked_scores(qh, kt, mask)
     top = jnp.max(scores, axis=-1, keepdims=True)
     exp = jnp.exp(scores - top)
     total = jnp.sum(exp, axis=-1, keepdims=True)
-    out = jnp.matmul((exp / total).astype(v.dtype), vh)  # [B, K, G*T, D]
+    out = jnp.matmul((exp / total).astype(v.dtype), v)  # [B, K, G*T, D]
     lse = top + jnp.log(total)  # [B, K, G*T, 1]
-    return _from_heads(out, q.shape[1]), (q, k, v, mask, out, lse)
+    return _from_heads(out, q.shape[1]), (q, kt, v, mask, out, lse)
 
 
 def _attention_bwd(res, d_out):
-    q, k, v, mask, out, lse = res
-    qh, kt, _ = _to_heads(q, k, v)
-    d_oh, vt = _to_heads(d_out, v, v)[0], v.transpose(0, 2, 3, 1)  # [B, K, G*T, D], [B, K, D, S]
+    q, kt, v, mask, out, lse = res
+    qh, d_oh = _q_heads(q, kt.shape[1]), _q_heads(d_out, kt.shape[1])  # [B, K, G*T, D]
     probs = jnp.exp(_masked_scores(qh, kt, mask) - lse)  # [B, K, G*T, S] f32
-    d_probs = jnp.matmul(d_oh, vt, preferred_element_type=jnp.float32)
+    d_probs = jnp.matmul(d_oh, jnp.swapaxes(v, -1, -2), preferred_element_type=jnp.float32)
     delta = jnp.sum(d_oh.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
     d_scores = (probs * (d_probs - delta) / math.sqrt(q.shape[-1])).astype(q.dtype)
     dq = _from_heads(jnp.matmul(d_scores, jnp.swapaxes(kt, -1, -2)), q.shape[1])
-    dk = jnp.matmul(jnp.swapaxes(qh, -1, -2), d_scores).transpose(0, 3, 1, 2)  # [B, S, K, D]
-    dv = jnp.matmul(jnp.swapaxes(d_oh, -1, -2), probs.astype(v.dtype)).transpose(0, 3, 1, 2)
-    return dq, dk, dv, None
+    dkt = jnp.matmul(jnp.swapaxes(qh, -1, -2), d_scores)  # [B, K, D, S]
+    dv = jnp.swapaxes(jnp.matmul(jnp.swapaxes(d_oh, -1, -2), probs.astype(v.dtype)), -1, -2)
+    return dq, dkt, dv, None
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def causal_attend(segments: jax.Array | None = None):
+    """Self-attention among the T tokens of each row: causal by index, and only within a segment.
+
+    segments [B, T] int32 (None: one segment per row) lets a row hold several packed prompts:
+    a token attends to the earlier tokens of its own segment only. Right padding only sees real
+    tokens before it. Returns an `attend` for `decoder_layer` whose aux is the layer's (k, v).
+    """
+
+    def attend(q, k, v):
+        t = q.shape[1]
+        mask = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
+        if segments is None:
+            mask = jnp.broadcast_to(mask, (q.shape[0], t, t))
+        else:
+            mask = mask & (segments[:, :, None] == segments[:, None, :])
+        out = attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask)
+        return out, (k, v)
+
+    return attend
+
+
+def cached_attend(kt: jax.Array, v: jax.Array, positions: jax.Array):
+    """Attention against one layer's KV cache (kt [B, K, D, S], v [B, K, S, D]).
+
+    Token (b, t) is written at cache index positions[b, t] of row b (positions past the end are
+    dropped), then a query at position p attends to indices j <= p of its own row only. Index p
+    is always written before a query at p reads it, so stale values past a sequence's position
+    are never read. Returns an `attend` whose aux is the updated (kt, v).
+    """
+
+    def attend(q, k, v_new):
+        rows = jnp.broadcast_to(jnp.arange(q.shape[0])[:, None], positions.shape)
+        new_kt, new_v = write_kv(kt, v, k, v_new, rows, positions)
+        mask = jnp.arange(kt.shape[-1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
+        out = attention(q, new_kt.astype(q.dtype), new_v.astype(q.dtype), mask)
+        return out, (new_kt, new_v)
+
+    return attend
 
 
 def dense(x: jax.Array, w: jax.Array, in_axes: int = 1) -> jax.Array:
@@ -238,12 +296,11 @@ def dense(x: jax.Array, w: jax.Array, in_axes: int = 1) -> jax.Array:
     return y.reshape(*lead, *out_shape)
 
 
-def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array,
-                  positions: jax.Array, cache: KVCache | None, layer: jax.Array):
+def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, attend):
     """One pre-norm block. x [B, T, E]; p holds this layer's parameters (no layer axis).
 
-    `cache` is the whole [L, ...] cache (or None) and `layer` this block's index in it: the new
-    keys/values are written into it in place and it is returned (None without a cache).
+    `attend(q [B, T, H, D], k, v [B, T, K, D]) -> (out [B, T, H, D], aux)` is the attention
+    (`causal_attend` or `cached_attend`); returns (x, aux).
     """
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)  # [B, T, E]
     q = dense(h, p["wq"])  # [B, T, H, D]
@@ -255,33 +312,14 @@ def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: 
         q = rms_norm(q, p["q_norm"], cfg.rms_norm_eps)
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-
-    if cache is None:
-        # Causal among the T tokens by index; right padding only sees real tokens before it.
-        t = x.shape[1]
-        causal = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
-        mask = jnp.broadcast_to(causal, (x.shape[0], t, t))
-        keys, values = k, v
-    else:
-        # Token (b, t) goes to cache index positions[b, t]; positions past the end are dropped.
-        # The scatter updates the carried [L, ...] cache in place: slicing it per layer as scan
-        # xs/ys instead made XLA zero-fill and copy the whole cache on every call.
-        rows = jnp.arange(x.shape[0])[:, None]  # [B, 1]
-        cache = KVCache(
-            k=cache.k.at[layer, rows, positions].set(k.astype(cache.k.dtype), mode="drop"),
-            v=cache.v.at[layer, rows, positions].set(v.astype(cache.v.dtype), mode="drop"))
-        s = cache.k.shape[2]
-        mask = jnp.arange(s)[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        keys, values = cache.k[layer].astype(q.dtype), cache.v[layer].astype(q.dtype)
-
-    attn = attention(q, keys, values, mask)  # [B, T, H, D]
+    attn, aux = attend(q, k, v)
     x = x + dense(attn, p["wo"], in_axes=2)
 
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
     gate = dense(h, p["w_gate"])  # [B, T, F]
     up = dense(h, p["w_up"])
     x = x + dense(jax.nn.silu(gate) * up, p["w_down"])
-    return x, cache
+    return x, aux
 
 
 # --------------------------------------------------------------------------------- model
@@ -359,8 +397,28 @@ class DecoderLayers(nnx.Module):
         return {name: var.get_value() for name, var in vars(self).items() if isinstance(var, nnx.Param)}
 
 
+def _embed(cfg: ModelConfig, embed: jax.Array, tokens: jax.Array, positions: jax.Array):
+    """Token embeddings [B, T, E] and the RoPE tables of the positions."""
+    return embed[tokens], *rope_cos_sin(cfg, positions)
+
+
+def _logits(cfg: ModelConfig, x: jax.Array, final_norm: jax.Array, embed: jax.Array,
+            lm_head: jax.Array | None) -> jax.Array:
+    """Final norm and LM head: x [B, T, E] -> float32 logits [B, T, V]."""
+    x = rms_norm(x, final_norm, cfg.rms_norm_eps)
+    # [V, E] used as [E, V] (tied) is a transposed operand, not a copy; tokens flattened as in `dense`.
+    head = embed.T if cfg.tie_word_embeddings else lm_head
+    logits = jnp.dot(x.reshape(-1, cfg.hidden_size), head, preferred_element_type=jnp.float32)
+    return logits.reshape(*x.shape[:-1], -1).astype(jnp.float32)
+
+
 class Transformer(nnx.Module):
-    """Token ids -> float32 logits, with an optional slot-indexed KV cache (see `__call__`)."""
+    """Token ids -> float32 logits: the training / teacher-forced scoring forward.
+
+    The layers run under `jax.lax.scan` over the stacked parameters, so compile time does not
+    grow with depth (this graph is also differentiated). Generation uses the same layers through
+    `InferenceWeights` and `forward_layers` instead.
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -372,29 +430,58 @@ class Transformer(nnx.Module):
         if not cfg.tie_word_embeddings:
             self.lm_head = params["lm_head"]
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array, cache: KVCache | None = None
-                 ) -> tuple[jax.Array, KVCache | None]:
-        """tokens/positions int32 [B, T]; returns float32 logits [B, T, V] and the updated cache.
+    def __call__(self, tokens: jax.Array, positions: jax.Array,
+                 segments: jax.Array | None = None) -> jax.Array:
+        """tokens/positions int32 [B, T] -> float32 logits [B, T, V].
 
-        Without cache: causal attention among the T tokens (right padding is harmless).
-        With cache: token (b, t) is written at cache index positions[b, t] of row b, and a query
-        at position p attends to cache indices j <= p of its own row only. This lets a slot-based
-        engine prefill a right-padded prompt bucket and then decode one token at a time.
+        Causal attention among the T tokens of a row (right padding is harmless); with
+        `segments` [B, T], only among tokens of the same segment (packed sequences).
         """
         cfg = self.cfg
-        x = self.embed[...][tokens]  # [B, T, E]
-        cos, sin = rope_cos_sin(cfg, positions)  # [B, T, D]
+        x, cos, sin = _embed(cfg, self.embed[...], tokens, positions)
+        attend = causal_attend(segments)
 
-        def layer(carry, xs):
-            x, cache = carry
-            p, index = xs
-            return decoder_layer(cfg, p, x, cos, sin, positions, cache, index), None
+        def layer(x, p):
+            return decoder_layer(cfg, p, x, cos, sin, attend)[0], None
 
-        xs = (self.layers.stacked(), jnp.arange(cfg.num_layers))
-        (x, cache), _ = jax.lax.scan(layer, (x, cache), xs)
-        x = rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
-        # [V, E] used as [E, V] (tied) is a transposed operand, not a copy; tokens flattened as in `dense`.
-        head = self.embed[...].T if cfg.tie_word_embeddings else self.lm_head[...]
-        logits = jnp.dot(x.reshape(-1, cfg.hidden_size), head, preferred_element_type=jnp.float32)
-        logits = logits.reshape(*tokens.shape, -1)  # [B, T, V]
-        return logits.astype(jnp.float32), cache
+        x, _ = jax.lax.scan(layer, x, self.layers.stacked())
+        lm_head = None if cfg.tie_word_embeddings else self.lm_head[...]
+        return _logits(cfg, x, self.final_norm[...], self.embed[...], lm_head)
+
+
+# ------------------------------------------------------------------- generation forward
+
+
+def inference_weights(params: dict) -> dict:
+    """The parameters in the generation layout: a tuple of per-layer dicts under "layers".
+
+    `params` is `nnx.to_pure_dict` of the model's `nnx.Param` state (stacked layers). Under jit
+    this copies every layer out of the stack once, when weights are installed, instead of in
+    every decode step (XLA:CPU copied each layer's slice of the stacked weights per step: about
+    half of a batch-1 decode step). The same weights, the same numerics; on GPU/TPU it costs one
+    copy per weight update.
+    """
+    layers = params["layers"]
+    num_layers = next(iter(layers.values())).shape[0]
+    out = {name: value for name, value in params.items() if name != "layers"}
+    out["layers"] = tuple({name: value[i] for name, value in layers.items()} for i in range(num_layers))
+    return out
+
+
+def forward_layers(cfg: ModelConfig, weights: dict, tokens: jax.Array, positions: jax.Array,
+                   attends) -> tuple[jax.Array, list]:
+    """Embedding and every layer over `inference_weights`, one `attend` per layer (unrolled).
+
+    Returns the last hidden state [B, T, E] (before the final norm) and each layer's aux.
+    """
+    x, cos, sin = _embed(cfg, weights["embed"], tokens, positions)
+    auxes = []
+    for p, attend in zip(weights["layers"], attends, strict=True):
+        x, aux = decoder_layer(cfg, p, x, cos, sin, attend)
+        auxes.append(aux)
+    return x, auxes
+
+
+def inference_logits(cfg: ModelConfig, weights: dict, x: jax.Array) -> jax.Array:
+    """Final norm and LM head over `inference_weights`: x [B, T, E] -> float32 logits [B, T, V]."""
+    return _logits(cfg, x, weights["final_norm"], weights["embed"], weights.get("lm_head"))

@@ -48,7 +48,7 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
     """
     model = nnx.merge(graphdef, _cast_floats(params, compute_dtype))
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    logits, _ = model(tokens, positions)  # [B, T, V] f32
+    logits = model(tokens, positions)  # [B, T, V] f32
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)  # [B, T-1, V]
     token_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]  # [B, T-1]
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [B, T-1]

@@ -59,7 +59,7 @@ def run(core: EngineCore, steps: int | None = None) -> dict[tuple[str, int], obj
 @functools.partial(jax.jit, static_argnums=0)
 def _uncached_forward(graphdef, state, tokens):
     model = nnx.merge(graphdef, state)
-    return model(tokens, jnp.arange(tokens.shape[1], dtype=jnp.int32)[None])[0]
+    return model(tokens, jnp.arange(tokens.shape[1], dtype=jnp.int32)[None])
 
 
 def forward_logits(model, ids: list[int]) -> np.ndarray:
@@ -241,14 +241,16 @@ def test_compile_count_stays_fixed_across_many_requests_of_varying_prompt_length
     # A model shape no other test uses, so that every compilation below is this test's own.
     core = make_core(peaked_model(cfg=ModelConfig.tiny(intermediate_size=64)), num_slots=3)
     before = dict(COMPILE_COUNTS)
-    rng = np.random.default_rng(0)
-    for i, length in enumerate([1, 2, 9, 10, 17, 18, 33, 34]):  # prefixes in every bucket
-        core.submit(GenerationRequest(f"w{i}", [1] * length, greedy(3)))
-    run(core)
-    assert compiles_since(before) == {"engine_prefill": 4, "engine_write_prefix": 4, "engine_decode": 1}  # 8..64
+    core.warmup()
+    assert compiles_since(before) == {"engine_prefill": 4, "engine_copy_prefix": 4, "engine_decode": 1}  # 8..64
     before = dict(COMPILE_COUNTS)
+    rng = np.random.default_rng(0)
+    lengths = [1, 2, 9, 10, 17, 18, 33, 34]  # prefixes in every bucket
+    for i, length in enumerate(lengths):
+        core.submit(GenerationRequest(f"w{i}", [1] * length, greedy(3, n=1 + i % 3)))
     for i in range(30):
         length = int(rng.integers(1, 50))
+        lengths.append(length)
         core.submit(GenerationRequest(f"r{i}", rng.integers(0, 256, length).tolist(),
                                       SamplingParams(int(rng.integers(1, 64 - length + 1)),
                                                      temperature=float(rng.choice([0.0, 1.0])),
@@ -256,6 +258,9 @@ def test_compile_count_stays_fixed_across_many_requests_of_varying_prompt_length
                                                      n=int(rng.integers(1, 4)))))
     run(core)
     assert compiles_since(before) == {}
+    prompts_with_a_prefix = sum(length > 1 for length in lengths)
+    assert core.counters["prefills"] == prompts_with_a_prefix
+    assert core.counters["prefill_calls"] < prompts_with_a_prefix  # several prompts per call
 
 
 def test_warmup_compiles_every_bucket_up_front():
@@ -263,7 +268,7 @@ def test_warmup_compiles_every_bucket_up_front():
     core = make_core(model, max_len=32)
     before = dict(COMPILE_COUNTS)
     core.warmup()
-    assert compiles_since(before) == {"engine_prefill": 3, "engine_write_prefix": 3, "engine_decode": 1}  # 8, 16, 32
+    assert compiles_since(before) == {"engine_prefill": 3, "engine_copy_prefix": 3, "engine_decode": 1}  # 8, 16, 32
     before = dict(COMPILE_COUNTS)
     core.submit(GenerationRequest("a", [1] * 20, greedy(3)))
     assert run(core)[("a", 0)].token_ids == greedy_reference(model, [1] * 20, 3)

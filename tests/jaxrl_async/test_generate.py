@@ -29,7 +29,7 @@ def test_json_output_is_one_object_whose_tokens_are_the_greedy_continuation_of_t
         tok.apply_chat_template([{"role": "user", "content": "hello"}]), add_bos=False)
     # Greedy: each token is the argmax of the uncached (causal) forward over what precedes it.
     ids = result["prompt_ids"] + result["token_ids"]
-    logits, _ = loaded.model(np.asarray([ids], np.int32), np.arange(len(ids), dtype=np.int32)[None])
+    logits = loaded.model(np.asarray([ids], np.int32), np.arange(len(ids), dtype=np.int32)[None])
     n_prompt = len(result["prompt_ids"])
     assert result["token_ids"] == np.argmax(logits[0, n_prompt - 1:-1], axis=-1).tolist()
     assert len(result["logprobs"]) == len(result["token_ids"]) <= 6

@@ -7,16 +7,32 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.models import KVCache, ModelConfig, Transformer, init_cache
+from jaxrl_async.models.transformer import (cached_attend, forward_layers, inference_logits,
+                                            inference_weights)
 
 
 def _forward(cfg):
     graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
 
     @jax.jit
-    def fwd(state, tokens, positions, cache=None):
-        return nnx.merge(graphdef, state)(tokens, positions, cache)
+    def fwd(state, tokens, positions, segments=None):
+        return nnx.merge(graphdef, state)(tokens, positions, segments)
 
     return fwd, state
+
+
+def _cached_forward(cfg, state):
+    """The generation forward: per-layer weights, tokens written into and read from a cache."""
+    weights = inference_weights(nnx.to_pure_dict(state))
+
+    @jax.jit
+    def fwd(tokens, positions, cache):
+        attends = [cached_attend(kt, v, positions) for kt, v in zip(cache.k, cache.v)]
+        x, kvs = forward_layers(cfg, weights, tokens, positions, attends)
+        return inference_logits(cfg, weights, x), KVCache(k=tuple(k for k, _ in kvs),
+                                                          v=tuple(v for _, v in kvs))
+
+    return fwd
 
 
 def _tokens(cfg, b, t, seed=0):
@@ -27,9 +43,9 @@ def test_forward_returns_float32_logits_for_both_dtypes():
     for dtype in ("float32", "bfloat16"):
         cfg = ModelConfig.tiny(dtype=dtype)
         fwd, state = _forward(cfg)
-        logits, cache = fwd(state, _tokens(cfg, 2, 5), jnp.broadcast_to(jnp.arange(5), (2, 5)))
+        logits = fwd(state, _tokens(cfg, 2, 5), jnp.broadcast_to(jnp.arange(5), (2, 5)))
         assert logits.shape == (2, 5, cfg.vocab_size) and logits.dtype == jnp.float32
-        assert cache is None and bool(jnp.isfinite(logits).all())
+        assert bool(jnp.isfinite(logits).all())
         assert state["embed"].get_value().dtype == jnp.dtype(dtype)
 
 
@@ -41,15 +57,16 @@ def test_forward_returns_float32_logits_for_both_dtypes():
 def test_prefill_then_one_token_decode_equals_the_uncached_forward(overrides):
     cfg = ModelConfig.tiny(**overrides)
     fwd, state = _forward(cfg)
+    cached = _cached_forward(cfg, state)
     b, t, prompt = 2, 9, 4
     tokens = _tokens(cfg, b, t)
     positions = jnp.broadcast_to(jnp.arange(t), (b, t))
-    full, _ = fwd(state, tokens, positions)
+    full = fwd(state, tokens, positions)
     cache = init_cache(cfg, b, 16)
-    logits, cache = fwd(state, tokens[:, :prompt], positions[:, :prompt], cache)
+    logits, cache = cached(tokens[:, :prompt], positions[:, :prompt], cache)
     steps = [logits]
     for i in range(prompt, t):
-        logits, cache = fwd(state, tokens[:, i:i + 1], positions[:, i:i + 1], cache)
+        logits, cache = cached(tokens[:, i:i + 1], positions[:, i:i + 1], cache)
         steps.append(logits)
     np.testing.assert_allclose(jnp.concatenate(steps, axis=1), full, atol=1e-5)
 
@@ -58,16 +75,17 @@ def test_rows_of_a_right_padded_prefill_bucket_decode_independently():
     """Slot-engine use: prompts of lengths 3 and 6 padded to 8, then per-row decode positions."""
     cfg = ModelConfig.tiny()
     fwd, state = _forward(cfg)
+    cached = _cached_forward(cfg, state)
     lengths, bucket = (3, 6), 8
     tokens = _tokens(cfg, 2, bucket, seed=1)
     positions = jnp.broadcast_to(jnp.arange(bucket), (2, bucket))
-    _, cache = fwd(state, tokens, positions, init_cache(cfg, 2, 12))
+    _, cache = cached(tokens, positions, init_cache(cfg, 2, 12))
     nxt = _tokens(cfg, 2, 1, seed=2)
     step_pos = jnp.asarray([[lengths[0]], [lengths[1]]], jnp.int32)
-    decoded, _ = fwd(state, nxt, step_pos, cache)
+    decoded, _ = cached(nxt, step_pos, cache)
     for row, n in enumerate(lengths):
         seq = jnp.concatenate([tokens[row:row + 1, :n], nxt[row:row + 1]], axis=1)
-        ref, _ = fwd(state, seq, jnp.arange(n + 1)[None])
+        ref = fwd(state, seq, jnp.arange(n + 1)[None])
         np.testing.assert_allclose(decoded[row, 0], ref[0, -1], atol=1e-5)
 
 
@@ -75,16 +93,30 @@ def test_right_padding_does_not_change_the_logits_of_real_tokens():
     cfg = ModelConfig.tiny()
     fwd, state = _forward(cfg)
     tokens = _tokens(cfg, 1, 10)
-    short, _ = fwd(state, tokens[:, :6], jnp.arange(6)[None])
-    padded, _ = fwd(state, tokens, jnp.arange(10)[None])
+    short = fwd(state, tokens[:, :6], jnp.arange(6)[None])
+    padded = fwd(state, tokens, jnp.arange(10)[None])
     np.testing.assert_allclose(padded[:, :6], short, atol=1e-6)
 
 
-def test_cache_is_a_pytree_with_layer_batch_slot_head_dims():
+def test_packed_segments_give_each_sequence_its_own_logits():
+    cfg = ModelConfig.tiny()
+    fwd, state = _forward(cfg)
+    a, b = _tokens(cfg, 1, 5, seed=3), _tokens(cfg, 1, 7, seed=4)
+    packed = jnp.concatenate([a, b, jnp.zeros((1, 4), jnp.int32)], axis=1)  # padded to 16
+    positions = jnp.concatenate([jnp.arange(5), jnp.arange(7), jnp.zeros(4, jnp.int32)])[None]
+    segments = jnp.asarray([[0] * 5 + [1] * 7 + [-1] * 4])
+    logits = fwd(state, packed, positions, segments)
+    np.testing.assert_allclose(logits[:, :5], fwd(state, a, jnp.arange(5)[None]), atol=1e-5)
+    np.testing.assert_allclose(logits[:, 5:12], fwd(state, b, jnp.arange(7)[None]), atol=1e-5)
+
+
+def test_cache_is_a_pytree_of_per_layer_arrays_with_keys_transposed():
     cfg = ModelConfig.tiny()
     cache = init_cache(cfg, 3, 7, dtype=jnp.bfloat16)
-    assert cache.k.shape == (cfg.num_layers, 3, 7, cfg.num_kv_heads, cfg.head_dim)
-    assert cache.v.dtype == jnp.bfloat16
+    assert len(cache.k) == len(cache.v) == cfg.num_layers
+    assert cache.k[0].shape == (3, cfg.num_kv_heads, cfg.head_dim, 7)
+    assert cache.v[0].shape == (3, cfg.num_kv_heads, 7, cfg.head_dim)
+    assert cache.v[1].dtype == jnp.bfloat16
     assert isinstance(jax.tree.map(lambda x: x + 1, cache), KVCache)
 
 

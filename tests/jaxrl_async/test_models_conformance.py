@@ -40,7 +40,7 @@ _CASES = {
 
 def _jax_logits(loaded, tokens):
     graphdef, state = nnx.split(loaded.model)
-    fwd = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, p)[0])
+    fwd = jax.jit(lambda s, t, p: nnx.merge(graphdef, s)(t, p))
     positions = np.broadcast_to(np.arange(tokens.shape[1]), tokens.shape)
     return np.asarray(fwd(state, jnp.asarray(tokens), jnp.asarray(positions)))
 

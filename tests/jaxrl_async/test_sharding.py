@@ -7,7 +7,9 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
+from jaxrl_async.engines.steps import engine_decode, engine_prefill
 from jaxrl_async.models import ModelConfig, Transformer, init_cache
+from jaxrl_async.models.transformer import inference_weights
 from jaxrl_async.sharding import (batch_sharding, cache_shardings, logical_to_spec, make_mesh,
                                   param_shardings, shard_model)
 
@@ -16,31 +18,51 @@ from jaxrl_async.sharding import (batch_sharding, cache_shardings, logical_to_sp
 def tiny():
     cfg = ModelConfig.tiny()
     graphdef, state = nnx.split(Transformer(cfg, rngs=nnx.Rngs(0)))
-
-    @jax.jit
-    def fwd(state, tokens, positions, cache):
-        return nnx.merge(graphdef, state)(tokens, positions, cache)
-
     tokens = jnp.asarray(np.random.RandomState(0).randint(0, cfg.vocab_size, (4, 8)), jnp.int32)
     positions = jnp.broadcast_to(jnp.arange(8), (4, 8))
-    return cfg, state, fwd, tokens, positions
+    return cfg, graphdef, state, tokens, positions
 
 
 @pytest.mark.parametrize("shape", [{"fsdp": 2, "tensor": 2}, {"data": 4}])
-def test_sharded_forward_with_cache_equals_the_unsharded_one(tiny, shape):
-    cfg, state, fwd, tokens, positions = tiny
-    ref, ref_cache = fwd(state, tokens, positions, init_cache(cfg, 4, 8))
+def test_sharded_forward_equals_the_unsharded_one(tiny, shape):
+    cfg, graphdef, state, tokens, positions = tiny
+    fwd = jax.jit(lambda state, tokens, positions: nnx.merge(graphdef, state)(tokens, positions))
+    ref = fwd(state, tokens, positions)
     mesh = make_mesh(**shape)
     sharded = shard_model(state, mesh)
-    cache = init_cache(cfg, 4, 8)
-    cache = jax.device_put(cache, cache_shardings(cache, mesh))
-    out, new_cache = fwd(sharded, jax.device_put(tokens, batch_sharding(mesh)),
-                         jax.device_put(positions, batch_sharding(mesh)), cache)
+    out = fwd(sharded, jax.device_put(tokens, batch_sharding(mesh)),
+              jax.device_put(positions, batch_sharding(mesh)))
     np.testing.assert_allclose(out, ref, atol=1e-5)
-    np.testing.assert_allclose(new_cache.k, ref_cache.k, atol=1e-5)
     if shape.get("tensor"):
         assert sharded["layers"]["wq"].get_value().sharding.spec == P(None, "fsdp", "tensor", None)
         assert sharded["embed"].get_value().sharding.spec == P("tensor", "fsdp")
+
+
+@pytest.mark.parametrize("shape", [{"fsdp": 2, "tensor": 2}, {"data": 4}])
+def test_sharded_engine_prefill_and_decode_equal_the_unsharded_ones(tiny, shape):
+    """The generation forward over sharded per-layer weights and a sharded per-layer cache."""
+    cfg, _, state, tokens, positions = tiny
+    weights = jax.jit(inference_weights)(nnx.to_pure_dict(state))
+
+    @jax.jit
+    def prefill_then_decode(weights, cache):
+        zeros = jnp.zeros((4,), jnp.int32)
+        cache = engine_prefill(cfg, weights, cache, tokens.reshape(1, -1), positions.reshape(1, -1),
+                               jnp.repeat(jnp.arange(4), 8)[None], jnp.repeat(jnp.arange(4), 8))
+        return engine_decode(cfg, weights, cache, tokens[:, 0], zeros + 8, zeros.astype(jnp.uint32),
+                             zeros, zeros, zeros.astype(jnp.float32), zeros + 1.0, zeros)
+
+    ref_cache, ref_tokens, ref_logprobs = prefill_then_decode(weights, init_cache(cfg, 4, 16))
+    mesh = make_mesh(**shape)
+    sharded = jax.jit(inference_weights)(nnx.to_pure_dict(shard_model(state, mesh)))
+    cache = init_cache(cfg, 4, 16)
+    cache, next_tokens, logprobs = prefill_then_decode(sharded, jax.device_put(cache, cache_shardings(cache, mesh)))
+    np.testing.assert_allclose(logprobs, ref_logprobs, atol=1e-5)
+    np.testing.assert_array_equal(next_tokens, ref_tokens)
+    np.testing.assert_allclose(cache.k[1], ref_cache.k[1], atol=1e-5)
+    if shape.get("tensor"):
+        assert sharded["layers"][0]["wq"].sharding.spec == P("fsdp", "tensor")
+        assert cache.v[0].sharding.spec == P("fsdp", "tensor")  # data=1 drops out
 
 
 def test_shard_model_places_a_module_in_place_and_param_shardings_keeps_the_tree():

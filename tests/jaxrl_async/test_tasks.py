@@ -80,7 +80,7 @@ def _sample(loaded, prompts, samples, max_new_tokens, seed=0):
     for i, p in enumerate(rows):
         tokens[i, :plen[i]] = p.prompt_ids
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    forward = jax.jit(lambda t: loaded.model(t, positions)[0])
+    forward = jax.jit(lambda t: loaded.model(t, positions))
     key = jax.random.PRNGKey(seed)
     for step in range(max_new_tokens):
         logits = forward(jnp.asarray(tokens))[np.arange(len(rows)), plen + step - 1]

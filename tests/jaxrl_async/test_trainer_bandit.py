@@ -29,7 +29,7 @@ def sample_first_token(graphdef, params, key, n):
     """n samples of the token after the prompt, with their log-probs under the sampling policy."""
     model = nnx.merge(graphdef, params)
     tokens = jnp.full((n, 1), PROMPT_TOKEN, jnp.int32)
-    logits, _ = model(tokens, jnp.zeros_like(tokens))
+    logits = model(tokens, jnp.zeros_like(tokens))
     logp = jax.nn.log_softmax(logits[:, -1])  # [n, V]
     sampled = jax.random.categorical(key, logp)  # [n]
     return sampled, jnp.take_along_axis(logp, sampled[:, None], axis=-1)[:, 0]

@@ -54,7 +54,7 @@ def _teacher_forced(model, prompt: list[int], completion: list[int]) -> np.ndarr
 
     tokens = jnp.asarray([prompt + completion], jnp.int32)
     positions = jnp.arange(tokens.shape[1], dtype=jnp.int32)[None]
-    logits, _ = model(tokens, positions)
+    logits = model(tokens, positions)
     logp = jax.nn.log_softmax(logits[0, :-1], axis=-1)
     per = jnp.take_along_axis(logp, tokens[0, 1:, None], axis=-1)[:, 0]
     return np.asarray(per[len(prompt) - 1:])
