@@ -68,6 +68,9 @@ def sample(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_p: ja
 
 
 def token_logprobs(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """log_softmax(raw logits)[token] per row: the behaviour policy's log-prob at temperature 1."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    return jnp.take_along_axis(logp, tokens[:, None], axis=-1)[:, 0]
+    """log_softmax(raw logits)[token] per row: the behaviour policy's log-prob at temperature 1.
+
+    As logit[token] - logsumexp(logits), without materialising the [S, V] log-softmax."""
+    logits = logits.astype(jnp.float32)
+    chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0]
+    return chosen - jax.nn.logsumexp(logits, axis=-1)
