@@ -7,7 +7,11 @@ Measures, in one run and side by side (the two alternate, so both see the same m
 - batch 1 and batch 32 (default), medians of 3 runs, and the ratio JAX / torch;
 - the engine's compile time (`EngineCore.warmup`: every prefill bucket and the decode step);
 - how many greedy tokens agree between the two (a sanity check, not a test: float32 sums in a
-  different order can flip a near-tie and the sequences then diverge).
+  different order can flip a near-tie and the sequences then diverge);
+- the matmul floor: the decode step's matmuls alone (every layer's projections and the LM head
+  on a [batch, hidden] input, one jitted chain over the engine's weights) — no JAX decode step
+  on this machine can beat it with XLA's CPU dots, so `ceiling_ratio` = (batch / floor) / torch
+  tokens/s bounds the ratio any decode step could reach here (prefill aside).
 
 Not a test: `python benchmarks/bench_engine.py [--batches 1 32 --prompt-len 32 --new 64]`.
 Prints a table and one JSON line.
@@ -22,14 +26,17 @@ import tempfile
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
+from flax import nnx
 from transformers import AutoModelForCausalLM
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 from jaxrl_async.engines.core import EngineConfig, EngineCore
 from jaxrl_async.models.hf_weights import save_hf
 from jaxrl_async.models.loading import load_model
+from jaxrl_async.models.transformer import dense, inference_weights
 
 
 def engine_run(core: EngineCore, prompts: np.ndarray, new: int, tag: str) -> tuple[float, np.ndarray]:
@@ -42,6 +49,27 @@ def engine_run(core: EngineCore, prompts: np.ndarray, new: int, tag: str) -> tup
             out[int(piece.request_id.rsplit("-", 1)[1])] = piece.token_ids
     elapsed = time.perf_counter() - start
     return elapsed, np.asarray([out[i] for i in range(len(prompts))])
+
+
+def matmul_floor_s(weights: dict, batch: int, repeats: int) -> float:
+    """Median seconds of one decode step's matmuls alone (see the module docstring)."""
+
+    @jax.jit
+    def chain(weights, x):
+        for p in weights["layers"]:
+            q, k, v = dense(x, p["wq"]), dense(x, p["wk"]), dense(x, p["wv"])
+            x = x + dense(q, p["wo"], in_axes=2) + 0.0 * (k.sum() + v.sum())  # keep k, v live
+            x = x + dense(dense(x, p["w_gate"]) * dense(x, p["w_up"]), p["w_down"])
+        return jnp.dot(x, weights["embed"].T)
+
+    x = jnp.ones((batch, weights["embed"].shape[1]), weights["embed"].dtype)
+    jax.block_until_ready(chain(weights, x))
+    times = []
+    for _ in range(max(repeats, 5)):
+        start = time.perf_counter()
+        jax.block_until_ready(chain(weights, x))
+        times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def torch_run(model, prompts: np.ndarray, new: int) -> tuple[float, np.ndarray]:
@@ -66,6 +94,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(loaded.model, loaded.cfg, tmp)
         hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+    weights = jax.jit(inference_weights)(nnx.to_pure_dict(nnx.state(loaded.model, nnx.Param)))
     rng = np.random.default_rng(0)
     max_len = 1 << (args.prompt_len + args.new - 1).bit_length()  # next power of two
     results = []
@@ -90,10 +119,13 @@ def main() -> None:
                "engine_compile_s": compile_s,
                "greedy_agreement": float(np.mean(np.cumprod(jax_tokens == torch_tokens, axis=1)))}
         row["ratio"] = row["jax_tok_s"] / row["torch_tok_s"]
+        row["matmul_floor_ms"] = 1e3 * matmul_floor_s(weights, batch, args.repeats)
+        row["ceiling_ratio"] = batch / (row["matmul_floor_ms"] / 1e3) / row["torch_tok_s"]
         results.append(row)
         print(f"batch {batch:3d}: jax {row['jax_tok_s']:8.1f} tok/s   torch {row['torch_tok_s']:8.1f} tok/s   "
               f"ratio {row['ratio']:5.2f}   engine compile {compile_s:5.1f}s   "
-              f"greedy prefix agreement {row['greedy_agreement']:.2f}", flush=True)
+              f"greedy prefix agreement {row['greedy_agreement']:.2f}   matmul floor "
+              f"{row['matmul_floor_ms']:.1f} ms/step (ceiling ratio {row['ceiling_ratio']:.2f})", flush=True)
     print(json.dumps({"device": str(jax.devices()[0]), "cpus": os.cpu_count(), "results": results}))
 
 
