@@ -7,8 +7,9 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.models import KVCache, ModelConfig, Transformer, init_cache
-from jaxrl_async.models.transformer import (cached_attend, forward_layers, inference_logits,
-                                            inference_weights)
+from jaxrl_async.models.transformer import (_attention_fwd, _mlp_fwd, attention, cached_attend,
+                                            forward_layers, inference_logits, inference_weights,
+                                            mlp)
 
 
 def _forward(cfg):
@@ -108,6 +109,25 @@ def test_packed_segments_give_each_sequence_its_own_logits():
     logits = fwd(state, packed, positions, segments)
     np.testing.assert_allclose(logits[:, :5], fwd(state, a, jnp.arange(5)[None]), atol=1e-5)
     np.testing.assert_allclose(logits[:, 5:12], fwd(state, b, jnp.arange(7)[None]), atol=1e-5)
+
+
+def test_hand_written_gradients_of_attention_and_mlp_equal_autodiff_of_their_forward():
+    rng = np.random.RandomState(0)
+    normal = lambda *shape: jnp.asarray(rng.randn(*shape), jnp.float32)  # noqa: E731
+    b, t, h, kv, d = 2, 5, 4, 2, 8
+    q, kt, v, weight = normal(b, t, h, d), normal(b, kv, d, t), normal(b, kv, t, d), normal(b, t, h, d)
+    mask = jnp.broadcast_to(jnp.tril(jnp.ones((t, t), bool)), (b, t, t)).at[1, :, 3:].set(False)
+    mask = mask | jnp.eye(t, dtype=bool)  # every query keeps at least itself
+    hand = jax.grad(lambda *a: jnp.sum(attention(*a, mask) * weight), argnums=(0, 1, 2))(q, kt, v)
+    auto = jax.grad(lambda *a: jnp.sum(_attention_fwd(*a, mask)[0] * weight), argnums=(0, 1, 2))(q, kt, v)
+    for got, want in zip(hand, auto, strict=True):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+    x, w_gate, w_up, w_down, weight = normal(2, 3, 6), normal(6, 10), normal(6, 10), normal(10, 6), normal(2, 3, 6)
+    hand = jax.grad(lambda *a: jnp.sum(mlp(*a) * weight), argnums=(0, 1, 2, 3))(x, w_gate, w_up, w_down)
+    auto = jax.grad(lambda *a: jnp.sum(_mlp_fwd(*a)[0] * weight), argnums=(0, 1, 2, 3))(x, w_gate, w_up, w_down)
+    for got, want in zip(hand, auto, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_cache_is_a_pytree_of_per_layer_arrays_with_keys_transposed():
