@@ -129,7 +129,7 @@ def test_greedy_tokens_and_logprobs_match_the_jax_model_before_any_push(h):
     np.testing.assert_allclose(out.logprobs, ref, atol=ATOL)
     # Greedy: each token is the argmax, so its log-prob is the row maximum.
     import jax.numpy as jnp
-    logits, _ = h.models[0](jnp.asarray([PROMPT + out.token_ids]), jnp.arange(len(PROMPT) + 16)[None])
+    logits = h.models[0](jnp.asarray([PROMPT + out.token_ids]), jnp.arange(len(PROMPT) + 16)[None])
     assert out.token_ids == np.asarray(logits[0, len(PROMPT) - 1:-1].argmax(-1)).tolist()
 
 
