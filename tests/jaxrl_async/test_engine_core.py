@@ -108,6 +108,18 @@ def test_n_samples_share_one_prefill_and_each_matches_the_reference(model):
     assert core.counters["prefill_tokens"] == len(prompt) - 1
 
 
+def test_prompts_packed_into_one_prefill_each_with_n_samples_match_the_reference(model):
+    core = make_core(model, num_slots=8)
+    prompts = {"a": list(range(20, 31)), "b": [7, 1, 200], "c": list(range(40, 57)), "d": [9, 9]}
+    for rid, prompt in prompts.items():
+        core.submit(GenerationRequest(rid, prompt, greedy(6, n=2)))
+    results = run(core)
+    assert core.counters["prefill_calls"] == 1 and core.counters["prefills"] == 4
+    for rid, prompt in prompts.items():
+        want = greedy_reference(model, prompt, 6)
+        assert [results[(rid, i)].token_ids for i in range(2)] == [want, want], rid
+
+
 def test_stop_token_ends_the_sample_and_is_included(model):
     prompt = [9, 8, 7]
     ref = greedy_reference(model, prompt, 8)
