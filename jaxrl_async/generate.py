@@ -119,4 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from jaxrl_async.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()
     sys.exit(main())

@@ -344,4 +344,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from jaxrl_async.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()
     main()
