@@ -16,7 +16,8 @@ Every parameter declares its logical axes once, as Variable metadata (`logical_a
 Numerics follow transformers' Llama: RMSNorm in float32 then cast back, RoPE with the
 rotate-half layout, softmax in float32. Attention scores are accumulated in float32
 (transformers keeps them in the activation dtype), which only matters for bfloat16. Attention
-has a hand-written, recomputing gradient (see `attention`).
+and the SwiGLU MLP have hand-written gradients that recompute rather than save (see `attention`
+and `mlp`).
 
 Deliberately left out: sliding-window attention, MoE, attention/logit soft-capping.
 """
