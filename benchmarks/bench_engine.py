@@ -13,7 +13,8 @@ Measures, in one run and side by side (the two alternate, so both see the same m
   on this machine can beat it with XLA's CPU dots, so `ceiling_ratio` = (batch / floor) / torch
   tokens/s bounds the ratio any decode step could reach here (prefill aside).
 
-Not a test: `python benchmarks/bench_engine.py [--batches 1 32 --prompt-len 32 --new 64]`.
+Not a test: `python benchmarks/bench_engine.py [--batches 1 32 --prompt-len 32 --new 64]`;
+on a GPU machine add `--torch-device cuda` (JAX runs on its default backend).
 Prints a table and one JSON line.
 """
 
@@ -73,12 +74,13 @@ def matmul_floor_s(weights: dict, batch: int, repeats: int) -> float:
 
 
 def torch_run(model, prompts: np.ndarray, new: int) -> tuple[float, np.ndarray]:
-    ids = torch.from_numpy(prompts.astype(np.int64))
+    ids = torch.from_numpy(prompts.astype(np.int64)).to(model.device)
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                              max_new_tokens=new, min_new_tokens=new, pad_token_id=0)
-    return time.perf_counter() - start, out[:, prompts.shape[1]:].numpy()
+        tokens = out[:, prompts.shape[1]:].cpu().numpy()  # waits for the device
+    return time.perf_counter() - start, tokens
 
 
 def main() -> None:
@@ -87,13 +89,15 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=32)
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--torch-device", default="cpu",
+                    help="where transformers runs (cuda on a GPU machine; JAX uses its default backend)")
     args = ap.parse_args()
     torch.set_num_threads(os.cpu_count())
 
     loaded = load_model("smollm2_135m", dtype="float32")
     with tempfile.TemporaryDirectory() as tmp:
         save_hf(loaded.model, loaded.cfg, tmp)
-        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval()
+        hf = AutoModelForCausalLM.from_pretrained(tmp, dtype=torch.float32).eval().to(args.torch_device)
     weights = jax.jit(inference_weights)(nnx.to_pure_dict(nnx.state(loaded.model, nnx.Param)))
     rng = np.random.default_rng(0)
     max_len = 1 << (args.prompt_len + args.new - 1).bit_length()  # next power of two

