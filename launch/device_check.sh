@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-H200 check (<= 8 min): CUDA vLLM engine tests, the jax-vs-vllm benchmark, the trainer
+# One-H200 check (<= 10 min): CUDA vLLM engine tests, the jax-vs-vllm benchmark, the trainer
 # step time, and the JAX engine vs transformers generate. Run from the repository root on a
 # machine with one NVIDIA GPU:
 #   bash launch/device_check.sh            (results in ${OUT:-/tmp/device_check})
