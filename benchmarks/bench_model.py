@@ -29,6 +29,7 @@ from flax import nnx
 
 from jaxrl_async.models import transformer as current
 from jaxrl_async.models.config import ModelConfig
+from train_shape import add_train_shape_args, train_shape_config  # benchmarks/, beside this script
 
 MODEL_FILE = "jaxrl_async/models/transformer.py"
 
@@ -67,10 +68,7 @@ def interleaved_medians(fns: dict, repeats: int) -> dict[str, float]:
 
 
 def train_case(modules: dict, args) -> dict:
-    cfg = ModelConfig.tiny(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-        num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
-        head_dim=args.hidden // args.heads, bos_token_id=None, eos_token_ids=())
+    cfg = train_shape_config(args)
     tokens = jax.random.randint(jax.random.key(1), (args.rows, args.seq), 0, args.vocab)
     positions = jnp.broadcast_to(jnp.arange(args.seq, dtype=jnp.int32), tokens.shape)
     fns, outputs = {}, {}
@@ -99,13 +97,7 @@ def train_case(modules: dict, args) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", default="HEAD", help="git revision of the model file to compare to")
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=256)
+    add_train_shape_args(ap)
     ap.add_argument("--repeats", type=int, default=7)
     args = ap.parse_args()
     results = {}

@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_async.models.config import ModelConfig
+from train_shape import add_train_shape_args, train_shape_config  # benchmarks/, beside this script
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.trainer.batch import pad_batch
 from jaxrl_async.trainer.config import TrainerConfig
@@ -78,23 +79,14 @@ def fwd_bwd_seconds(trainer: Trainer, tokens: np.ndarray, dtype: str, repeats: i
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--heads", type=int, default=8)
-    ap.add_argument("--kv-heads", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--rows", type=int, default=16)
-    ap.add_argument("--seq", type=int, default=256)
+    add_train_shape_args(ap)
     ap.add_argument("--microbatches", type=int, default=1)
     ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--matmul-n", type=int, default=2048)
     args = ap.parse_args()
 
-    cfg = ModelConfig.tiny(
-        vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=4 * args.hidden,
-        num_layers=args.layers, num_heads=args.heads, num_kv_heads=args.kv_heads,
-        head_dim=args.hidden // args.heads, bos_token_id=None, eos_token_ids=())
+    cfg = train_shape_config(args)
     trainer = Trainer(Transformer(cfg, rngs=nnx.Rngs(0)),
                       TrainerConfig(optim=OptimConfig(lr=1e-5), num_microbatches=args.microbatches,
                                     compute_dtype=args.dtype))

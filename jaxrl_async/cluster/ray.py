@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxrl_async.configs import build_dataclass
-from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
+from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
+                                      SampleOutput, read_outputs)
 
 ENGINES = ("jax", "vllm")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
-_STOP = object()
 
 
 @dataclass(frozen=True)
@@ -313,7 +313,7 @@ class RayEngineProxy(GenerationEngine):
             ray.kill(w.actor)
         if self._placement is not None:
             ray.util.remove_placement_group(self._placement)
-        self._out.put_nowait(_STOP)
+        self._out.put_nowait(END_OF_OUTPUTS)
 
     async def submit(self, request: GenerationRequest) -> None:
         if request.request_id in self._owner:
@@ -347,14 +347,8 @@ class RayEngineProxy(GenerationEngine):
                 raise r  # a refused push (ValueError naming the leaf) from the first worker that refused
         self._version = version
 
-    async def outputs(self) -> AsyncIterator[SampleOutput]:
-        while True:
-            item = await self._out.get()
-            if item is _STOP:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def outputs(self) -> AsyncIterator[SampleOutput]:
+        return read_outputs(self._out)
 
     async def stats(self) -> EngineStats:
         live = [w for w in self.workers if w.alive]

@@ -14,6 +14,7 @@ per token, log-probs are at temperature 1), and run the engine tests against it.
 from __future__ import annotations
 
 import abc
+import asyncio
 import math
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -203,3 +204,20 @@ class GenerationEngine(abc.ABC):
     @abc.abstractmethod
     async def stats(self) -> EngineStats:
         """A snapshot of the engine's load."""
+
+
+END_OF_OUTPUTS = object()  # put on an engine's output queue by stop(): the stream ends there
+
+
+async def read_outputs(queue: asyncio.Queue) -> AsyncIterator[SampleOutput]:
+    """The `outputs()` stream of an engine that puts its pieces on `queue`: yields them until
+    `END_OF_OUTPUTS`, raising any exception put there instead (a dead engine). The end marker is
+    put back, so any later reader ends too."""
+    while True:
+        item = await queue.get()
+        if item is END_OF_OUTPUTS:
+            queue.put_nowait(END_OF_OUTPUTS)
+            return
+        if isinstance(item, BaseException):
+            raise item
+        yield item

@@ -21,11 +21,11 @@ from typing import Any
 
 from flax import nnx
 
-from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
+from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
+                                      SampleOutput, read_outputs)
 from jaxrl_async.engines.core import EngineConfig, EngineCore
 from jaxrl_async.models.config import ModelConfig
 
-_STOP = object()  # end of the output stream
 
 
 class JaxEngine(GenerationEngine):
@@ -66,7 +66,7 @@ class JaxEngine(GenerationEngine):
             if not fut.done():
                 fut.set_exception(RuntimeError("JaxEngine stopped before the new weights were in use"))
         self._weight_waiters = []
-        self._out.put_nowait(_STOP)
+        self._out.put_nowait(END_OF_OUTPUTS)
 
     async def submit(self, request: GenerationRequest) -> None:
         self._raise_if_failed()
@@ -90,15 +90,8 @@ class JaxEngine(GenerationEngine):
         self._send("weights", (state, version, done))
         await done
 
-    async def outputs(self) -> AsyncIterator[SampleOutput]:
-        while True:
-            item = await self._out.get()
-            if item is _STOP:
-                self._out.put_nowait(_STOP)  # any later reader ends too
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def outputs(self) -> AsyncIterator[SampleOutput]:
+        return read_outputs(self._out)
 
     async def stats(self) -> EngineStats:
         elapsed = time.perf_counter() - self._started_at if self._thread else 0.0

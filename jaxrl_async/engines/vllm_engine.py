@@ -42,13 +42,13 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_async.configs import build_dataclass
-from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
+from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
+                                      SampleOutput, read_outputs)
 from jaxrl_async.engines.vllm_compat import check_model_for_platform, check_vllm_api
 from jaxrl_async.engines.vllm_weights import WeightChecker, to_torch
 from jaxrl_async.transports import TRANSPORTS, make_transport
 
 SYNC_MODES = ("keep", "resubmit", "drain")
-_STOP = object()
 
 
 @dataclass(frozen=True)
@@ -175,7 +175,7 @@ class VllmEngine(GenerationEngine):
         await self.transport.close()
         self._llm.shutdown()
         self._llm = None
-        self._out.put_nowait(_STOP)
+        self._out.put_nowait(END_OF_OUTPUTS)
 
     # ------------------------------------------------------------------ requests
 
@@ -315,14 +315,8 @@ class VllmEngine(GenerationEngine):
 
     # ------------------------------------------------------------------ stream, stats
 
-    async def outputs(self) -> AsyncIterator[SampleOutput]:
-        while True:
-            item = await self._out.get()
-            if item is _STOP:
-                return
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+    def outputs(self) -> AsyncIterator[SampleOutput]:
+        return read_outputs(self._out)
 
     async def stats(self) -> EngineStats:
         unfinished = sum(len(s.samples) for s in self._segments.values())

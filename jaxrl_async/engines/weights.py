@@ -13,10 +13,13 @@ import jax
 from flax import nnx
 
 
+def _pure(tree: Any) -> Any:
+    return nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
+
+
 def _leaves(tree: Any) -> dict[str, Any]:
-    pure = nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree
     return {jax.tree_util.keystr(path): leaf
-            for path, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
+            for path, leaf in jax.tree_util.tree_flatten_with_path(_pure(tree))[0]}
 
 
 def accept_params(reference: Any, incoming: Any) -> dict:
@@ -42,5 +45,4 @@ def accept_params(reference: Any, incoming: Any) -> dict:
             raise ValueError(
                 f"update_weights: leaf params{key} has shape {shape} dtype {dtype}; "
                 f"the engine's is shape {want.shape} dtype {want.dtype}")
-    pure = lambda tree: nnx.to_pure_dict(tree) if isinstance(tree, nnx.State) else tree  # noqa: E731
-    return jax.tree.map(lambda x, r: jax.device_put(x, r.sharding), pure(incoming), pure(reference))
+    return jax.tree.map(lambda x, r: jax.device_put(x, r.sharding), _pure(incoming), _pure(reference))
