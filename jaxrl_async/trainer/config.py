@@ -1,6 +1,6 @@
 """`TrainerConfig`: the typed form of a `conf/trainer/*.yaml` group.
 
-The YAML holds three sections (`loss`, `optim`, and the step's own keys); `from_dict` turns the
+The YAML holds four sections (`loss`, `optim`, `mesh`, and the step's own keys); `from_dict` turns the
 composed dict into frozen dataclasses and refuses unknown keys, naming them and the known ones.
 Defaults live only in the dataclasses.
 """
@@ -18,6 +18,31 @@ COMPUTE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
+class MeshConfig:
+    """`trainer.mesh`: the trainer's device mesh, data × fsdp × tensor over the job's first
+    `size` devices (every process's, in `jax.devices()` order; jaxrl_async/cluster/placement.py).
+
+    Params and optimizer state are sharded by the model's logical-axis table
+    (jaxrl_async/sharding.py RULES: weights over fsdp and tensor), batch rows over data × fsdp.
+    All ones keep the trainer unsharded on one device.
+    """
+
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("data", "fsdp", "tensor"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"trainer.mesh.{name}={value!r}: must be an int >= 1")
+
+    @property
+    def size(self) -> int:
+        return self.data * self.fsdp * self.tensor
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -27,6 +52,7 @@ class TrainerConfig:
     # Params and optimizer state stay float32; "bfloat16" casts the params for the forward and
     # backward pass (gradients flow back to the float32 master weights).
     compute_dtype: str = "float32"
+    mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def __post_init__(self) -> None:
         if not isinstance(self.num_microbatches, int) or self.num_microbatches < 1:
@@ -40,4 +66,5 @@ class TrainerConfig:
         values = dict(values)
         loss = build_dataclass(LossConfig, values.pop("loss", None) or {}, "trainer.loss")
         optim = build_dataclass(OptimConfig, values.pop("optim", None) or {}, "trainer.optim")
-        return build_dataclass(cls, {**values, "loss": loss, "optim": optim}, "trainer")
+        mesh = build_dataclass(MeshConfig, values.pop("mesh", None) or {}, "trainer.mesh")
+        return build_dataclass(cls, {**values, "loss": loss, "optim": optim, "mesh": mesh}, "trainer")
