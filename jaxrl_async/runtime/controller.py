@@ -46,9 +46,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import jax
-import jax.numpy as jnp
-
 from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
@@ -88,12 +85,6 @@ class RunResult:
 def sampling_seed(seed: int, uid: int, attempt: int) -> int:
     """Sampling seed of one attempt of one group: reproducible, and no RNG state to checkpoint."""
     return zlib.crc32(f"{seed}:{uid}:{attempt}".encode())
-
-
-def cast_like(params: Any, dtype: str) -> Any:
-    """The trainer's float32 params in the engine's parameter dtype."""
-    target = jnp.dtype(dtype)
-    return jax.tree.map(lambda x: x.astype(target) if jnp.issubdtype(x.dtype, jnp.floating) else x, params)
 
 
 class Controller:
@@ -171,8 +162,7 @@ class Controller:
         await self.engine.start()
         try:
             if self.version:
-                params = cast_like(self.trainer.params(copy=False), self.engine_dtype)
-                await self.engine.update_weights(params, self.version)
+                await self._push(self.version)
             self._spawn(self._read_outputs)
             self._spawn(self._begin)
             await self._done.wait()
@@ -421,7 +411,7 @@ class Controller:
 
     async def _train(self, step: int, groups: list[GroupRollout]) -> None:
         wait_s = self.now() - self._step_wait_since
-        batch = make_train_batch(groups, rows_multiple=self.trainer.cfg.num_microbatches)
+        batch = make_train_batch(groups, rows_multiple=self.trainer.rows_multiple)
         gen0, t0 = await self._engine_busy_s(), time.monotonic()
         metrics = await asyncio.get_running_loop().run_in_executor(self._train_thread, self.trainer.step, batch)
         train_s = time.monotonic() - t0
@@ -443,8 +433,7 @@ class Controller:
             await self._flush_engine_commands()
             await self._record(step, groups, hist, metrics, StepTiming(wait_s, train_s, overlap_s))
         if not last:
-            params = cast_like(self.trainer.params(copy=False), self.engine_dtype)
-            await self.engine.update_weights(params, version)
+            await self._push(version)
         async with self._mutex:
             if not last:
                 self.version = version
@@ -467,6 +456,14 @@ class Controller:
                 await self.save_checkpoint()
             await self._flush_engine_commands()
             await self._settle()
+
+    async def _push(self, version: int) -> None:
+        """Publish the trainer's weights as `version` to the engine; returns once it holds them.
+        The time from the trainer's layout to every engine replica holding the new weights
+        (cast, reshard or gather, install) goes into the run's stats."""
+        t0 = time.monotonic()
+        await self.engine.update_weights(self.trainer.engine_params(self.engine_dtype), version)
+        self.stats.add_push(time.monotonic() - t0)
 
     async def _stop_if_idle(self) -> None:
         """A stop while the trainer waits for a batch: checkpoint now (a running step saves at its end)."""

@@ -47,7 +47,17 @@ class RunStats:
     tokens_wasted: int = 0  # generated tokens of dropped groups
     rewards_scored: int = 0
     reward_errors: int = 0  # reward function raised / timed out / returned garbage -> 0.0
+    pushes: int = 0  # weight pushes to the engines
+    push_s: float = 0.0  # their seconds: trainer layout -> engine layout, until every engine holds them
+    push_max_s: float = 0.0
+    last_push_s: float = 0.0
     staleness: Counter = field(default_factory=Counter)  # staleness -> trained tokens
+
+    def add_push(self, seconds: float) -> None:
+        self.pushes += 1
+        self.push_s += seconds
+        self.push_max_s = max(self.push_max_s, seconds)
+        self.last_push_s = seconds
 
     def add_batch(self, hist: dict[int, int]) -> None:
         self.staleness.update(hist)
@@ -106,6 +116,7 @@ def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], leng
         "inflight_groups": inflight_groups,
         "done_groups": done_groups,
         "reward_errors": stats.reward_errors,
+        "push_s": stats.last_push_s,  # the latest weight push (after the previous step)
         "trainer_busy": stats.trainer_busy_s / elapsed,
         "generator_busy": stats.generator_busy_s / elapsed,
         "eta_s": eta_s,
@@ -141,6 +152,8 @@ def summary(stats: RunStats, *, policy: str, max_staleness: int | None, elapsed_
         "tokens_generated": stats.tokens_generated,
         "reward_errors": stats.reward_errors,
         "rewards_scored": stats.rewards_scored,
+        "weight_push_s_mean": stats.push_s / max(1, stats.pushes),
+        "weight_push_s_max": stats.push_max_s,
     }
     out.update(extra or {})
     return out

@@ -123,9 +123,39 @@ class Trainer:
                                 self._params)
         return jax.tree.map(jnp.copy, self._params) if copy else self._params
 
+    @property
+    def rows_multiple(self) -> int:
+        """A batch's row count must be a multiple of this: micro-batches × batch shards."""
+        return self.cfg.num_microbatches * self._row_shards
+
+    def engine_params(self, dtype: str) -> Params:
+        """The params to push to the generation engines, cast to their `dtype`.
+
+        On one process these are device arrays in the trainer's layout: the engine reshards them
+        onto its own devices on device (`engines.weights.accept_params`), with no host copy. When
+        the mesh spans processes, an engine on process 0 cannot address the other processes'
+        shards, so the full params are gathered to host memory on every process (a collective:
+        every process calls this at the same point; jaxrl_async/cluster/lockstep.py).
+        """
+        params = self.params(dtype, copy=False)
+        if self.mesh is None or not self.mesh.is_multi_process:
+            return params
+        from jax.experimental import multihost_utils
+
+        return multihost_utils.process_allgather(params, tiled=True)
+
+    def host_params(self) -> Params:
+        """The float32 params as host numpy arrays (export, tests); a collective when the mesh
+        spans processes."""
+        if self.mesh is not None and self.mesh.is_multi_process:
+            from jax.experimental import multihost_utils
+
+            return multihost_utils.process_allgather(self._params, tiled=True)
+        return jax.device_get(self._params)
+
     def _place(self, batch: TrainBatch) -> TrainBatch:
         k = self.cfg.num_microbatches
-        rows, multiple = batch.num_rows, k * self._row_shards
+        rows, multiple = batch.num_rows, self.rows_multiple
         if rows % multiple:
             raise ValueError(
                 f"TrainBatch rows={rows}: must be a multiple of num_microbatches ({k}) x batch "

@@ -41,6 +41,31 @@ def test_params_optimizer_state_version_and_meta_survive_a_round_trip(tmp_path):
     assert jax.tree.all(jax.tree.map(np.array_equal, got, expected))
 
 
+def test_a_checkpoint_saved_on_four_devices_restores_onto_a_two_device_mesh(tmp_path):
+    from jaxrl_async.sharding import make_mesh
+
+    rows = [([1, 2, 3], [4, 5], [-1.0, -2.0], float(i % 2), i // 2) for i in range(8)]
+    cfg = TrainerConfig.from_dict({"optim": {"lr": 1e-2}})
+    four = Trainer(load_model("tiny").model, cfg, mesh=make_mesh(fsdp=2, tensor=2))
+    for _ in range(2):
+        four.step(pad_batch(rows))
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(2, four.state_dict(), {"step": 2})
+    ckpt.close()
+    expected = jax.tree.map(np.array, four.state_dict())
+
+    two = Trainer(load_model("tiny").model, cfg, mesh=make_mesh(fsdp=2))
+    state, _ = Checkpointer(tmp_path).restore(two.state_dict())
+    two.load_state_dict(state)
+    wq = two.state_dict()["params"]["layers"]["wq"]
+    assert len(wq.sharding.device_set) == 2 and wq.sharding.spec[1] == "fsdp"  # the new layout
+    got = jax.tree.map(np.array, two.state_dict())
+    assert not np.array_equal(expected["params"]["layers"]["wq"], np.array(trained_trainer(0).params()["layers"]["wq"]))
+    assert jax.tree.all(jax.tree.map(np.array_equal, got, expected))
+    two.step(pad_batch(rows))  # and it trains on from there
+    assert two.version == 3
+
+
 def test_only_the_newest_checkpoints_are_kept(tmp_path):
     trainer = trained_trainer(0)
     ckpt = Checkpointer(tmp_path, keep=2, every=3)
