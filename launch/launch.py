@@ -12,6 +12,16 @@ Targets (docs/scale_out.md has a worked example of each):
 - `sbatch`        the plain sbatch template launch/slurm/train.sbatch.
 - `tpu`           every worker of a TPU VM pod slice through `gcloud compute tpus tpu-vm ssh --worker=all`.
 
+Every process of one job must write to one run directory, so the targets that start several
+processes with the same command line (`multiprocess`, `tpu`) pin `hydra.run.dir` when the
+overrides do not (Hydra's default names it after the second each process starts in).
+
+Running the commands (not `--dry-run`), the launcher supervises them as one job: SIGTERM or
+Ctrl-C goes to process 0, which checkpoints and then tells the others to stop
+(jaxrl_async/cluster/lockstep.py); when any process exits with an error, the others get SIGTERM,
+then SIGKILL after `--grace-s` seconds, and the launcher exits with that error's status — a dead
+process ends the job instead of leaving the rest waiting in a collective.
+
 To add a target: write `_<name>(args, overrides) -> list[Command]` and add it to `TARGETS`.
 """
 
@@ -20,8 +30,10 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,10 +56,18 @@ def _local(args: argparse.Namespace, overrides: list[str]) -> list[Command]:
     return [Command(TRAIN + overrides)]
 
 
+def _pinned_run_dir(overrides: list[str], target: str) -> list[str]:
+    """The overrides with a `hydra.run.dir` every process shares (see the module docstring)."""
+    if any(o.startswith("hydra.run.dir=") for o in overrides):
+        return overrides
+    return [f"hydra.run.dir=outputs/train/{target}-{time.strftime('%Y-%m-%d_%H-%M-%S')}", *overrides]
+
+
 def _multiprocess(args: argparse.Namespace, overrides: list[str]) -> list[Command]:
     if args.nproc < 1:
         raise ValueError(f"--nproc={args.nproc}: must be >= 1")
     address = f"127.0.0.1:{args.port}"
+    overrides = _pinned_run_dir(overrides, "multiprocess")
     return [Command(TRAIN + overrides, {"JAXRL_COORDINATOR_ADDRESS": address,
                                         "JAXRL_NUM_PROCESSES": str(args.nproc), "JAXRL_PROCESS_ID": str(i)})
             for i in range(args.nproc)]
@@ -80,6 +100,7 @@ def _tpu(args: argparse.Namespace, overrides: list[str]) -> list[Command]:
     if not args.tpu_name or not args.zone:
         raise ValueError("tpu target needs --tpu-name and --zone")
     # JAX finds the pod's coordinator and ranks itself on TPU VMs (distributed mode "tpu").
+    overrides = _pinned_run_dir(overrides, "tpu")
     remote = f"cd {shlex.quote(args.remote_dir)} && JAXRL_DISTRIBUTED_MODE=tpu " + shlex.join(TRAIN + overrides)
     return [Command(["gcloud", "compute", "tpus", "tpu-vm", "ssh", args.tpu_name, f"--zone={args.zone}",
                      "--worker=all", f"--command={remote}"])]
@@ -106,6 +127,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tpu-name", default=None, help="tpu: TPU VM name")
     p.add_argument("--zone", default=None, help="tpu: zone")
     p.add_argument("--remote-dir", default="jaxrl-async", help="tpu: repository checkout on every worker")
+    p.add_argument("--grace-s", type=float, default=30.0,
+                   help="seconds the other processes get to exit after one fails, before SIGKILL")
     return p
 
 
@@ -118,6 +141,42 @@ def commands(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Command]]:
     return args, TARGETS[args.target](args, overrides)
 
 
+def supervise(procs: list[subprocess.Popen], grace_s: float, poll_s: float = 0.2) -> int:
+    """Wait for one job's processes (see the module docstring); returns the job's exit status."""
+    def to_leader(signum, _frame):
+        if procs[0].poll() is None:
+            procs[0].send_signal(signum)
+
+    previous = {sig: signal.signal(sig, to_leader) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        failed = None
+        while failed is None and any(p.poll() is None for p in procs):
+            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            time.sleep(poll_s)
+        if failed is None:
+            failed = next((i for i, p in enumerate(procs) if p.returncode), None)
+        if failed is None:
+            return 0
+        rc = procs[failed].returncode
+        alive = [p for p in procs if p.poll() is None]
+        if alive:
+            print(f"launch: process {failed} exited with status {rc}; stopping the other {len(alive)}",
+                  file=sys.stderr)
+            for p in alive:
+                p.terminate()
+            deadline = time.monotonic() + grace_s
+            while any(p.poll() is None for p in alive) and time.monotonic() < deadline:
+                time.sleep(poll_s)
+            for p in alive:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        return rc if rc > 0 else 128 - rc  # killed by signal N: 128 + N, as a shell reports it
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args, cmds = commands(sys.argv[1:] if argv is None else argv)
     if args.dry_run:
@@ -126,4 +185,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     procs = [subprocess.Popen([sys.executable if c.argv[0] == "python" else c.argv[0], *c.argv[1:]],
                               env={**os.environ, **c.env}, cwd=REPO) for c in cmds]
-    return max(p.wait() for p in procs)
+    return supervise(procs, args.grace_s)

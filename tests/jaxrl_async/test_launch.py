@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,9 +24,46 @@ def test_local_runs_the_train_module_with_the_overrides(capsys):
 
 
 def test_multiprocess_starts_one_process_per_rank_with_a_shared_coordinator(capsys):
-    assert _dry(capsys, "multiprocess", "--nproc", "2", "--port", "9100", "steps=3") == [
+    assert _dry(capsys, "multiprocess", "--nproc", "2", "--port", "9100", "hydra.run.dir=runs/a", "steps=3") == [
         f"JAXRL_COORDINATOR_ADDRESS=127.0.0.1:9100 JAXRL_NUM_PROCESSES=2 JAXRL_PROCESS_ID={i} "
-        "python -m jaxrl_async.train steps=3" for i in range(2)]
+        "python -m jaxrl_async.train hydra.run.dir=runs/a steps=3" for i in range(2)]
+
+
+def test_processes_of_one_job_share_one_pinned_run_dir(capsys):
+    lines = _dry(capsys, "multiprocess", "--nproc", "3", "steps=3")
+    dirs = {[a for a in line.split() if a.startswith("hydra.run.dir=")][0] for line in lines}
+    assert len(lines) == 3 and len(dirs) == 1 and dirs.pop().startswith("hydra.run.dir=outputs/train/multiprocess-")
+
+
+def _sleeper(code: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_a_failed_process_ends_the_job_with_its_status_instead_of_leaving_the_rest_waiting():
+    from launch.launch import supervise
+
+    waiting = [_sleeper("import time; time.sleep(60)"), _sleeper("import time; time.sleep(60)")]
+    failing = _sleeper("import sys, time; time.sleep(0.5); sys.exit(3)")
+    started = time.monotonic()
+    assert supervise([waiting[0], failing, waiting[1]], grace_s=5) == 3
+    assert time.monotonic() - started < 20
+    assert all(p.poll() is not None for p in waiting)
+
+
+def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period():
+    from launch.launch import supervise
+
+    stubborn = _sleeper("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)")
+    failing = _sleeper("import sys, time; time.sleep(0.5); sys.exit(2)")
+    started = time.monotonic()
+    assert supervise([stubborn, failing], grace_s=1) == 2
+    assert stubborn.poll() == -9 and time.monotonic() - started < 20
+
+
+def test_a_job_whose_processes_all_succeed_exits_zero():
+    from launch.launch import supervise
+
+    assert supervise([_sleeper("pass"), _sleeper("import time; time.sleep(0.3)")], grace_s=1) == 0
 
 
 def test_ray_submits_a_job_that_selects_cluster_ray(capsys):
@@ -49,9 +87,10 @@ def test_sbatch_uses_the_template_with_the_overrides_after_it(capsys):
 
 
 def test_tpu_runs_the_same_command_on_every_pod_worker(capsys):
-    assert _dry(capsys, "tpu", "--tpu-name", "pod", "--zone", "us-central2-b", "steps=5") == [
+    assert _dry(capsys, "tpu", "--tpu-name", "pod", "--zone", "us-central2-b", "hydra.run.dir=/gcs/r", "steps=5") == [
         "gcloud compute tpus tpu-vm ssh pod --zone=us-central2-b --worker=all "
-        "'--command=cd jaxrl-async && JAXRL_DISTRIBUTED_MODE=tpu python -m jaxrl_async.train steps=5'"]
+        "'--command=cd jaxrl-async && JAXRL_DISTRIBUTED_MODE=tpu python -m jaxrl_async.train "
+        "hydra.run.dir=/gcs/r steps=5'"]
 
 
 def test_every_target_has_a_dry_run_test():
