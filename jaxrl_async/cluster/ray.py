@@ -29,7 +29,7 @@ from typing import Any
 
 from jaxrl_async.configs import build_dataclass
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, read_outputs)
+                                      SampleOutput, least_loaded, read_outputs)
 
 ENGINES = ("jax", "vllm")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -321,7 +321,8 @@ class RayEngineProxy(GenerationEngine):
         live = [w for w in self.workers if w.alive]
         if not live:
             raise RuntimeError("cluster: no live generation worker")
-        worker = min(live, key=lambda w: (len(w.live), w.index))
+        by_index = {w.index: w for w in live}
+        worker = by_index[least_loaded({w.index: len(w.live) for w in live})]
         await worker.actor.submit.remote(request)
         worker.live.add(request.request_id)
         self._owner[request.request_id] = worker

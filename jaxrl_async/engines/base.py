@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import math
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -204,6 +204,17 @@ class GenerationEngine(abc.ABC):
     @abc.abstractmethod
     async def stats(self) -> EngineStats:
         """A snapshot of the engine's load."""
+
+
+def least_loaded(loads: Mapping[int, int]) -> int:
+    """The index (of a replica, a worker) with the smallest load; ties go to the lowest index.
+
+    The one routing rule of every engine that fronts several (`ReplicatedEngine`,
+    `RayEngineProxy`): deterministic, so a recorded run routes the same way again.
+    """
+    if not loads:
+        raise ValueError("least_loaded: loads is empty; need at least one replica")
+    return min(loads, key=lambda index: (loads[index], index))
 
 
 END_OF_OUTPUTS = object()  # put on an engine's output queue by stop(): the stream ends there
