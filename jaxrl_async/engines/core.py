@@ -18,11 +18,22 @@ core directly; `JaxEngine` (jax_engine.py) runs it in a thread for the async run
 The engine keeps its weights in the generation layout (`inference_weights`: one array per
 layer), made by one jitted copy when weights are installed, and a per-layer KV cache.
 
+Placement: without a mesh, the cache goes to the weights' (first) device. With a
+`jax.sharding.Mesh` (axes data / fsdp / tensor, typically (1, 1, T): one engine replica over T
+devices), the weights take the model's logical-axis table (`sharding.param_shardings`: heads,
+kv heads, MLP and vocab on `tensor`) and the cache `sharding.cache_shardings`. The core's steps
+are then jitted per core with explicit `out_shardings`, so every step returns the cache in the
+layout it was given and every weight install produces the same layout: the next step and the
+next weight swap find the shardings they were compiled for. Pushed weights of any layout are
+moved onto the mesh device to device (`regroup_for`), never through the host.
+`EngineConfig.replicas / tensor_parallel / colocate` are read by the caller, which builds one
+mesh per replica (`replicated.py` runs them as one engine).
+
 Compilations: `engine_prefill` and `engine_copy_prefix` once per bucket, `engine_decode` once,
-per model structure and engine shape. The jitted steps are module-level,
-so engines of the same shapes share them; `COMPILE_COUNTS` counts their backend compilations
-process-wide (from jax's compile events, so it also sees recompilations without a retrace,
-e.g. for a changed input sharding).
+per model structure and engine shape. Without a mesh the jitted steps are module-level, so
+engines of the same shapes share them; with a mesh each core compiles its own (its devices are
+its own). `COMPILE_COUNTS` counts their backend compilations process-wide (from jax's compile
+events, so it also sees recompilations without a retrace, e.g. for a changed input sharding).
 
 Left out on purpose: chunked prefill of a prompt longer than one call, prefix caching across
 requests, paged KV memory (every slot owns `max_len` positions).
@@ -32,6 +43,8 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,13 +52,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_async.engines import steps
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput
 from jaxrl_async.engines.scheduler import RequestQueue, Sequence
 from jaxrl_async.engines.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
-from jaxrl_async.models.transformer import inference_weights, init_cache
+from jaxrl_async.models.transformer import KVCache, inference_weights, init_cache
+from jaxrl_async.sharding import cache_shardings, param_shardings
 
 SyncMode = Literal["partial", "drain"]
 
@@ -61,11 +76,118 @@ def _count_compile(event: str, duration_s: float, **kwargs) -> None:
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
-_prefill = jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2)
-_copy_prefix = jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0)
-_decode = jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2)
-# New arrays (jnp.copy), so a caller may donate or delete the weights it pushed.
-_install = jax.jit(lambda params: jax.tree.map(jnp.copy, inference_weights(params)))
+
+
+def _generation_copy(params: dict) -> dict:
+    # New arrays (jnp.copy), so a caller may donate or delete the weights it pushed.
+    return jax.tree.map(jnp.copy, inference_weights(params))
+
+
+@dataclass(frozen=True)
+class _Steps:
+    """The jitted functions one core calls: the shared module-level ones, or its mesh's own."""
+
+    prefill: Callable
+    copy_prefix: Callable
+    decode: Callable
+    install: Callable  # checked params -> the engine's own generation-layout copy
+
+
+_SHARED_STEPS = _Steps(
+    prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2),
+    copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0),
+    decode=jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2),
+    install=jax.jit(_generation_copy))
+
+
+def _mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> _Steps:
+    """Steps that return the cache (and install the weights) in exactly these shardings.
+
+    Left to propagation, XLA picks the output layouts itself: on a (1, 1, 2) mesh it hands the
+    cache back as P(None, 'tensor') for P(('data', 'fsdp'), 'tensor', None, None) and installs
+    weights in a layout of its own choosing. Whether the next call then reuses its executable
+    depends on jax finding the two layouts equivalent; with fixed output shardings every call
+    gets exactly the first call's input layouts, and the weights keep the table's layout.
+    """
+    replicated = NamedSharding(mesh, PartitionSpec())
+    return _Steps(
+        prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2, out_shardings=cache),
+        copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0,
+                            out_shardings=cache),
+        decode=jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2,
+                       out_shardings=(cache, replicated, replicated)),
+        install=jax.jit(_generation_copy, out_shardings=weights))
+
+
+def _generation_shardings(params: dict) -> dict:
+    """`inference_weights` applied to the params' shardings: layer i of a stacked parameter is
+    sharded like the stack without its leading `layers` axis, which the table never shards."""
+    def one_layer(s: NamedSharding) -> NamedSharding:
+        if len(s.spec) and s.spec[0] is not None:
+            raise ValueError(f"sharding {s.spec}: the leading layers axis must not be sharded")
+        return NamedSharding(s.mesh, PartitionSpec(*s.spec[1:]))
+
+    num_layers = next(iter(params["layers"].values())).shape[0]
+    out = {name: ref.sharding for name, ref in params.items() if name != "layers"}
+    out["layers"] = tuple({name: one_layer(ref.sharding) for name, ref in params["layers"].items()}
+                          for _ in range(num_layers))
+    return out
+
+
+def _blocks(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> set[tuple]:
+    """The distinct index blocks of an array of `shape` under `sharding`, as hashable tuples."""
+    return {tuple(index.indices(size) for index, size in zip(block, shape))
+            for block in sharding.devices_indices_map(shape).values()}
+
+
+@functools.lru_cache(maxsize=None)
+def _reshard(sharding: NamedSharding) -> Callable:
+    return jax.jit(lambda x: x, out_shardings=sharding)
+
+
+def regroup_for(x: Any, target: NamedSharding) -> Any:
+    """`x`, resharded on its own devices so that `jax.device_put(x, target)` copies device buffers.
+
+    `device_put` onto another layout copies device to device only when every block of the
+    target already exists as a shard of the source (or the source is one device); otherwise it
+    reads the whole array back to the host and uploads it again. A trainer's fsdp x tensor layout
+    is regrouped here, on its own devices (one collective), into the target's blocks, each
+    replicated over the spare devices. Returned as is: host data (uploaded anyway), arrays of
+    another process, a one-device source, blocks already in place, and a source whose device
+    count the target's block count does not divide (that one still goes through the host).
+    """
+    if not isinstance(x, jax.Array) or not x.is_fully_addressable or len(x.sharding.device_set) == 1:
+        return x
+    shape = tuple(x.shape)
+    if _blocks(target, shape) <= _blocks(x.sharding, shape):
+        return x
+    if x.sharding.device_set == target.device_set:
+        return _reshard(target)(x)
+    mesh = target.mesh
+    used = {a for entry in target.spec if entry is not None
+            for a in ((entry,) if isinstance(entry, str) else entry)}
+    sizes = [mesh.shape[a] if a in used else 1 for a in mesh.axis_names]
+    devices = sorted(x.sharding.device_set, key=lambda d: d.id)
+    copies, rest = divmod(len(devices), int(np.prod(sizes)))
+    if rest:
+        return x
+    source_mesh = Mesh(np.asarray(devices).reshape(copies, *sizes), ("copies", *mesh.axis_names))
+    return _reshard(NamedSharding(source_mesh, target.spec))(x)
+
+
+def _regrouped(params: Any, reference: dict) -> Any:
+    """`regroup_for` on each leaf that matches its reference leaf (`accept_params` names the rest)."""
+    pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
+    refs = {jax.tree_util.keystr(path): ref
+            for path, ref in jax.tree_util.tree_flatten_with_path(reference)[0]}
+
+    def one(path, x):
+        ref = refs.get(jax.tree_util.keystr(path))
+        matches = (ref is not None and tuple(getattr(x, "shape", ())) == ref.shape
+                   and getattr(x, "dtype", None) == ref.dtype)
+        return regroup_for(x, ref.sharding) if matches else x
+
+    return jax.tree_util.tree_map_with_path(one, pure)
 
 
 @dataclass(frozen=True)
@@ -83,6 +205,15 @@ class EngineConfig:
         0 delivers each sample once, when it is done.
       seed: draws the seeds of requests that give none.
       cache_dtype: KV cache dtype ("float32" | "bfloat16"); None uses the model's dtype.
+      replicas: data-parallel engine replicas, each with its own slots and KV cache; the
+        runtime balances requests across them (`replicated.py`).
+      tensor_parallel: devices per replica; heads, kv heads and the MLP are sharded over them on
+        the `tensor` mesh axis (the replica's mesh is (1, 1, tensor_parallel)).
+      colocate: True: the replicas use the trainer's devices, time-shared with training;
+        False: devices the trainer does not use.
+
+    `EngineCore` does not read the last three: the caller builds one mesh per replica from them
+    and passes it (`EngineCore(..., mesh=)`).
     """
 
     num_slots: int = 8
@@ -92,9 +223,12 @@ class EngineConfig:
     stream_every: int = 0
     seed: int = 0
     cache_dtype: str | None = None
+    replicas: int = 1
+    tensor_parallel: int = 1
+    colocate: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("num_slots", "max_len", "min_bucket"):
+        for name in ("num_slots", "max_len", "min_bucket", "replicas", "tensor_parallel"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"EngineConfig.{name}={value!r}: must be an int >= 1")
@@ -106,6 +240,8 @@ class EngineConfig:
             raise ValueError(f"EngineConfig.stream_every={self.stream_every!r}: must be an int >= 0")
         if self.cache_dtype is not None and self.cache_dtype not in DTYPES:
             raise ValueError(f"EngineConfig.cache_dtype={self.cache_dtype!r}: must be None or one of {DTYPES}")
+        if not isinstance(self.colocate, bool):
+            raise ValueError(f"EngineConfig.colocate={self.colocate!r}: must be true or false")
 
     def buckets(self) -> list[int]:
         """Prefill lengths: min_bucket, 2*min_bucket, ... capped by max_len."""
@@ -139,10 +275,13 @@ class EngineCore:
     """Continuous batching over `config.num_slots` slots of one model (see module docstring).
 
     Not thread-safe: call every method from one thread (JaxEngine's worker thread).
+
+    `mesh`: None keeps the weights on the model's device and the cache on that device; a
+    (data, fsdp, tensor) mesh places both with the sharding table (see the module docstring).
     """
 
     def __init__(self, model: nnx.Module, model_config: ModelConfig, config: EngineConfig,
-                 version: int = 0):
+                 version: int = 0, mesh: Mesh | None = None):
         if config.max_len > model_config.max_position_embeddings:
             raise ValueError(
                 f"EngineConfig.max_len={config.max_len}: exceeds the model's "
@@ -150,19 +289,30 @@ class EngineCore:
         self.config = config
         self.model_config = model_config
         self.version = version
-        params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+        self.mesh = mesh
+        state = nnx.state(model, nnx.Param)
+        params = nnx.to_pure_dict(state)
+        placement = (jax.tree.map(lambda x: x.sharding, params) if mesh is None
+                     else nnx.to_pure_dict(param_shardings(state, mesh)))
         # What new weights must look like (shapes, dtypes, shardings), without holding them.
         self._reference = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params)
+            lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params, placement)
+        make_cache = functools.partial(init_cache, model_config, config.num_slots, config.max_len,
+                                       config.cache_dtype or model_config.dtype)
+        if mesh is None:
+            self._steps = _SHARED_STEPS
+        else:
+            cache_placement = cache_shardings(jax.eval_shape(make_cache), mesh)
+            self._steps = _mesh_steps(mesh, cache_placement, _generation_shardings(self._reference))
+            self._cache = jax.jit(make_cache, out_shardings=cache_placement)()  # made in place
         # The engine's own committed copy: updates arrive committed too, so the jitted steps
         # see the same input shardings before and after a swap (no recompilation).
         self._weights = self.check_params(params)
-        cache_dtype = config.cache_dtype or model_config.dtype
-        # Committed to the weights' device like every step output, so that the first call of
-        # a step does not compile for an uncommitted cache and the second for a committed one.
-        device = next(iter(jax.tree.leaves(self._weights)[0].devices()))
-        self._cache = jax.device_put(
-            init_cache(model_config, config.num_slots, config.max_len, cache_dtype), device)
+        if mesh is None:
+            # Committed to the weights' device like every step output, so that the first call of
+            # a step does not compile for an uncommitted cache and the second for a committed one.
+            device = next(iter(jax.tree.leaves(self._weights)[0].devices()))
+            self._cache = jax.device_put(make_cache(), device)
         # Work done, for metrics: prefills, prefill_tokens (unpadded), decode_steps, tokens.
         self.counters: collections.Counter[str] = collections.Counter()
         self._queue = RequestQueue()
@@ -181,6 +331,16 @@ class EngineCore:
     @property
     def queued(self) -> int:
         return len(self._queue)
+
+    @property
+    def weights(self) -> dict:
+        """The installed weights in the generation layout (read them, do not donate them)."""
+        return self._weights
+
+    @property
+    def cache(self) -> KVCache:
+        """The KV cache (read it between steps; the next step donates it)."""
+        return self._cache
 
     @property
     def weights_pending(self) -> bool:
@@ -240,8 +400,14 @@ class EngineCore:
 
     def check_params(self, params: Any) -> dict:
         """Validate new weights against the engine's (ValueError naming the leaf) and copy them
-        into the generation layout (`inference_weights`)."""
-        return _install(accept_params(self._reference, params))
+        into the generation layout (`inference_weights`), on the engine's devices.
+
+        With a mesh, jax arrays of this process are first regrouped on their own devices
+        (`regroup_for`), so that the move onto the engine's layout copies device buffers.
+        """
+        if self.mesh is not None:
+            params = _regrouped(params, self._reference)
+        return self._steps.install(accept_params(self._reference, params))
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap weights now ("partial") or once in-flight samples finish ("drain").
@@ -297,7 +463,8 @@ class EngineCore:
         for prefix, slots in to_prefill:
             bucket = self._bucket(len(prefix))
             for slot in slots[1:]:
-                self._cache = _copy_prefix(self._cache, np.int32(slots[0]), np.int32(slot), bucket)
+                self._cache = self._steps.copy_prefix(self._cache, np.int32(slots[0]), np.int32(slot),
+                                                      bucket)
 
     def _bucket(self, length: int) -> int:
         return next(b for b in self.config.buckets() if b >= length)
@@ -325,8 +492,8 @@ class EngineCore:
             tokens[0, offset:end], positions[0, offset:end] = prefix, np.arange(len(prefix))
             segments[0, offset:end], slots[offset:end] = i, prompt_slots[0]
             offset = end
-        self._cache = _prefill(self.model_config, self._weights, self._cache, tokens, positions,
-                               segments, slots)
+        self._cache = self._steps.prefill(self.model_config, self._weights, self._cache, tokens,
+                                          positions, segments, slots)
         self.counters["prefills"] += len(pack)
         self.counters["prefill_calls"] += 1
         self.counters["prefill_tokens"] += offset
@@ -368,14 +535,14 @@ class EngineCore:
             raise ValueError(f"warmup: needs an idle engine, {self.active_slots} slots are active")
         for bucket in self.config.buckets():
             zeros = np.zeros((1, bucket), np.int32)
-            self._cache = _prefill(self.model_config, self._weights, self._cache, zeros, zeros,
-                                   zeros, zeros[0])
-            self._cache = _copy_prefix(self._cache, np.int32(0), np.int32(0), bucket)
+            self._cache = self._steps.prefill(self.model_config, self._weights, self._cache, zeros,
+                                              zeros, zeros, zeros[0])
+            self._cache = self._steps.copy_prefix(self._cache, np.int32(0), np.int32(0), bucket)
         self._cache, tokens, _ = self._run_decode()
         jax.block_until_ready(tokens)
 
     def _run_decode(self):
         a = self._arrays
-        return _decode(self.model_config, self._weights, self._cache, a.tokens,
-                       a.positions, a.seeds, a.sample_index, a.token_index, a.temperature,
-                       a.top_p, a.top_k)
+        return self._steps.decode(self.model_config, self._weights, self._cache, a.tokens,
+                                  a.positions, a.seeds, a.sample_index, a.token_index,
+                                  a.temperature, a.top_p, a.top_k)

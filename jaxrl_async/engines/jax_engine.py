@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from flax import nnx
+from jax.sharding import Mesh
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, read_outputs)
@@ -29,11 +30,14 @@ from jaxrl_async.models.config import ModelConfig
 
 
 class JaxEngine(GenerationEngine):
-    """Continuous-batching JAX engine (see core.py for the scheduling, base.py for the contract)."""
+    """Continuous-batching JAX engine (see core.py for the scheduling, base.py for the contract).
+
+    `mesh`: the devices of this engine (None: the model's device); see `EngineCore`.
+    """
 
     def __init__(self, model: nnx.Module, model_config: ModelConfig, config: EngineConfig,
-                 version: int = 0):
-        self.core = EngineCore(model, model_config, config, version)
+                 version: int = 0, mesh: Mesh | None = None):
+        self.core = EngineCore(model, model_config, config, version, mesh)
         self._commands: collections.deque[tuple[str, Any]] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
