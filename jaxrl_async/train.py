@@ -341,7 +341,7 @@ def make_generation_engine(setup: TrainSetup, loaded, placement, on_lost):
     # The trainer donates its params every step: each replica gets its own copy.
     graphdef, state = nnx.split(loaded.model)
     engines = [JaxEngine(nnx.merge(graphdef, jax.tree.map(jnp.copy, state)), loaded.cfg, setup.engine,
-                         version=0, **({"mesh": mesh} if mesh is not None else {})) for mesh in placement.engine_meshes]
+                         version=0, mesh=mesh) for mesh in placement.engine_meshes]
     if len(engines) == 1:
         return engines[0]
     from jaxrl_async.engines.replicated import ReplicatedEngine

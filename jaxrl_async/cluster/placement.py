@@ -11,7 +11,9 @@ every backend we run on). The rules:
   hosts goes through `cluster=ray`). `engine.colocate=true` takes them from the trainer's devices
   on process 0 (time-shared: the engine decodes while the trainer waits, and the other way
   round); `false` takes process 0's devices that the trainer does not use, in order. One replica
-  on one colocated device is today's engine on the default device (`mesh=None`).
+  colocated with an unsharded trainer is today's engine on the default device (`mesh=None`);
+  next to a sharded trainer it gets a one-device mesh, so the weight push regroups the trainer's
+  shards on device (engines/core.py `regroup_for`) instead of reading them through the host.
 
 Each replica gets a (1, 1, T) mesh with the trainer's axis names, so the same logical-axis table
 (jaxrl_async/sharding.py) shards its weights and KV cache over `tensor`. A request for more
@@ -77,6 +79,13 @@ def plan_placement(mesh: MeshConfig, *, replicas: int = 1, tensor_parallel: int 
             f"trainer.mesh: data={mesh.data} fsdp={mesh.fsdp} tensor={mesh.tensor} needs {mesh.size} devices; "
             f"this job has {len(devices)} ({processes} process(es))")
     trainer_devices = tuple(devices[:mesh.size])
+    holding = {d.process_index for d in trainer_devices}
+    if processes > 1 and len(holding) < processes:
+        # Every process follows the trainer's steps (cluster/lockstep.py): one without a shard
+        # would be asked to run a computation on devices it cannot address.
+        raise ValueError(
+            f"trainer.mesh: data={mesh.data} fsdp={mesh.fsdp} tensor={mesh.tensor} covers the devices of "
+            f"{len(holding)} of the job's {processes} processes; make it span all {len(devices)} devices")
     trainer_mesh = None
     if mesh.size > 1 or processes > 1:
         trainer_mesh = Mesh(np.asarray(trainer_devices, dtype=object).reshape(mesh.data, mesh.fsdp, mesh.tensor),
@@ -91,7 +100,7 @@ def plan_placement(mesh: MeshConfig, *, replicas: int = 1, tensor_parallel: int 
     if need > len(pool):
         raise ValueError(f"engine.replicas={replicas} x engine.tensor_parallel={tensor_parallel} needs {need} "
                          f"devices; {where}")
-    if colocate and need == 1:
+    if colocate and need == 1 and trainer_mesh is None:
         engine_meshes: tuple[Mesh | None, ...] = (None,)
     else:
         engine_meshes = tuple(

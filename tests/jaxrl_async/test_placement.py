@@ -60,6 +60,11 @@ def test_a_mesh_over_two_hosts_spans_processes_and_engines_stay_on_process_0():
         plan_placement(MeshConfig(data=2, fsdp=4), replicas=5, devices=job, processes=2)
 
 
+def test_a_trainer_mesh_that_leaves_a_process_without_a_shard_is_refused():
+    with pytest.raises(ValueError, match=r"covers the devices of 1 of the job's 2 processes; make it span all 8"):
+        plan_placement(MeshConfig(fsdp=4), devices=devices(hosts=2, per_host=4), processes=2)
+
+
 def test_too_few_devices_is_one_line_naming_the_keys():
     with pytest.raises(ValueError, match=r"trainer.mesh: data=2 fsdp=2 tensor=2 needs 8 devices; this job has 4"):
         plan_placement(MeshConfig(data=2, fsdp=2, tensor=2))
