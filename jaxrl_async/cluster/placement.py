@@ -103,8 +103,11 @@ def plan_placement(mesh: MeshConfig, *, replicas: int = 1, tensor_parallel: int 
     if colocate and need == 1 and trainer_mesh is None:
         engine_meshes: tuple[Mesh | None, ...] = (None,)
     else:
-        engine_meshes = tuple(
-            Mesh(np.asarray(pool[r * tensor_parallel:(r + 1) * tensor_parallel], dtype=object).reshape(1, 1, -1),
-                 MESH_AXES)
-            for r in range(replicas))
+        engine_meshes = tuple(replica_mesh(pool[r * tensor_parallel:(r + 1) * tensor_parallel])
+                              for r in range(replicas))
     return Placement(processes, trainer_mesh, trainer_devices, engine_meshes, colocate)
+
+
+def replica_mesh(devices: Sequence[Any]) -> Mesh:
+    """One engine replica's (1, 1, T) mesh: tensor parallel over `devices`."""
+    return Mesh(np.asarray(list(devices), dtype=object).reshape(1, 1, -1), MESH_AXES)

@@ -98,10 +98,23 @@ def build_engine(spec: EngineSpec) -> GenerationEngine:
         from jaxrl_async.engines.vllm_engine import make_engine
 
         return make_engine(spec.engine_config, loaded)
+    import jax
+
+    from jaxrl_async.cluster.placement import replica_mesh
     from jaxrl_async.engines.core import EngineConfig
     from jaxrl_async.engines.jax_engine import JaxEngine
 
-    return JaxEngine(loaded.model, loaded.cfg, EngineConfig(**spec.engine_config))
+    config = EngineConfig(**spec.engine_config)
+    # A worker is one replica; engine.tensor_parallel > 1 spreads it over the worker's devices
+    # (cluster.gpus_per_worker of them).
+    mesh = None
+    if config.tensor_parallel > 1:
+        local = jax.local_devices()
+        if config.tensor_parallel > len(local):
+            raise ValueError(f"engine.tensor_parallel={config.tensor_parallel}: the Ray worker sees {len(local)} "
+                             "device(s); set cluster.gpus_per_worker to match")
+        mesh = replica_mesh(local[:config.tensor_parallel])
+    return JaxEngine(loaded.model, loaded.cfg, config, mesh=mesh)
 
 
 def connect(cfg: RayClusterConfig) -> None:

@@ -39,6 +39,11 @@ def test_fsdp_by_tensor_trainer_and_two_colocated_replicas_share_the_first_devic
     assert p.summary()["engine"] == {"devices": 2, "replicas": 2, "tensor_parallel": 1, "colocate": True}
 
 
+def test_a_lone_engine_beside_a_sharded_trainer_gets_a_mesh_so_the_push_stays_on_device():
+    (mesh,) = plan_placement(MeshConfig(fsdp=2)).engine_meshes
+    assert mesh is not None and list(mesh.devices.flat) == [jax.devices()[0]]
+
+
 def test_separate_engines_take_the_devices_the_trainer_leaves():
     p = plan_placement(MeshConfig(fsdp=2), replicas=1, tensor_parallel=2, colocate=False)
     local = jax.devices()
