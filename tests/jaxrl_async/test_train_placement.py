@@ -110,6 +110,7 @@ def _run_files(root: Path) -> list[Path]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("multiprocess")  # one worker runs both jobs: each is 2 processes on 2 cores
 def test_two_processes_run_one_job_that_equals_the_one_process_four_device_run(tmp_path):
     single = tmp_path / "single"
     proc = _launch(single, "steps=10", "export_hf=true", devices_per_process=4, nproc=1)
@@ -130,6 +131,7 @@ def test_two_processes_run_one_job_that_equals_the_one_process_four_device_run(t
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("multiprocess")
 def test_a_sigterm_to_the_job_checkpoints_and_both_processes_resume_it(tmp_path):
     run_dir = tmp_path / "job"
     proc = _launch(run_dir, "steps=12")
