@@ -95,14 +95,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(run_dir: Path, *overrides: str, devices_per_process: int = 2, nproc: int = 2) -> subprocess.Popen:
+def _launch(run_dir: Path, *overrides: str, devices_per_process: int = 2, nproc: int = 2,
+            grace_s: int = 20) -> subprocess.Popen:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONUNBUFFERED": "1",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices_per_process}"}
     return subprocess.Popen(
         [sys.executable, "-m", "launch", "multiprocess", "--nproc", str(nproc), "--port", str(_free_port()),
-         "--grace-s", "20", *QUIET, *SYNC, "trainer.mesh.data=2", "trainer.mesh.fsdp=2",
+         "--grace-s", str(grace_s), *QUIET, *SYNC, "trainer.mesh.data=2", "trainer.mesh.fsdp=2",
          f"hydra.run.dir={run_dir}", *overrides],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_for_steps(proc: subprocess.Popen, metrics: Path, steps: int) -> None:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if metrics.exists() and len(read_jsonl(metrics)) >= steps:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no {steps} steps: " + (proc.communicate()[0][-3000:] if proc.poll() is not None else "timeout"))
 
 
 def _run_files(root: Path) -> list[Path]:
@@ -136,12 +146,7 @@ def test_a_sigterm_to_the_job_checkpoints_and_both_processes_resume_it(tmp_path)
     run_dir = tmp_path / "job"
     proc = _launch(run_dir, "steps=12")
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if metrics.exists() and len(read_jsonl(metrics)) >= 3:
-            break
-        time.sleep(0.2)
-    assert proc.poll() is None, proc.communicate()[0][-3000:]
+    _wait_for_steps(proc, metrics, 3)
     proc.send_signal(signal.SIGTERM)
     log = proc.communicate(timeout=120)[0]
     assert proc.returncode == 0, log[-3000:]
@@ -157,3 +162,30 @@ def test_a_sigterm_to_the_job_checkpoints_and_both_processes_resume_it(tmp_path)
     assert [r["step"] for r in read_jsonl(metrics)] == list(range(12))
     audit = _audit(run_dir)
     assert audit.returncode == 0, audit.stdout + audit.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("multiprocess")
+def test_a_killed_follower_ends_the_job_without_a_hang_and_the_last_checkpoint_resumes(tmp_path):
+    run_dir = tmp_path / "job"
+    proc = _launch(run_dir, "steps=10", "checkpoint_every=2", grace_s=5)
+    metrics = run_dir / "metrics.jsonl"
+    _wait_for_steps(proc, metrics, 5)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    follower = next(int(c) for c in children
+                    if b"JAXRL_PROCESS_ID=1\0" in Path(f"/proc/{c}/environ").read_bytes() + b"\0")
+    killed_at = time.monotonic()
+    os.kill(follower, signal.SIGKILL)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 137, log[-3000:]  # the dead process's status: killed by signal 9
+    assert "launch: process 1 exited with status -9; stopping the other 1" in log
+    assert time.monotonic() - killed_at < 60  # no hang: the launcher ended process 0 too
+    saved = [int(p.name) for p in (run_dir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert saved and max(saved) >= 4
+
+    proc = _launch(run_dir, "steps=10", "resume=true")
+    log = proc.communicate(timeout=400)[0]
+    assert proc.returncode == 0, log[-3000:]
+    done = json.loads((run_dir / "summary.json").read_text())
+    assert done["completed"] and done["steps"] == 10 and done["audit_ok"], done
+    assert [r["step"] for r in read_jsonl(metrics)] == list(range(10))
