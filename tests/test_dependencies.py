@@ -58,7 +58,6 @@ NOT_INSTALLED_HERE = {
     "torch": {"torch"},
     "transformers": {"transformers"},
     "hypothesis": {"hypothesis"},
-    "pytest": {"pytest"},
 }
 USED_WITHOUT_IMPORT = {
     "pytest-xdist": "pytest loads it for `-n 2` (the README's test command)",
