@@ -25,7 +25,7 @@ kv heads, MLP and vocab on `tensor`) and the cache `sharding.cache_shardings`. T
 are then jitted per core with explicit `out_shardings`, so every step returns the cache in the
 layout it was given and every weight install produces the same layout: the next step and the
 next weight swap find the shardings they were compiled for. Pushed weights of any layout are
-moved onto the mesh device to device (`regroup_for`), never through the host.
+moved onto the mesh device to device (`layout.regroup_for`), never through the host.
 `EngineConfig.replicas / tensor_parallel / colocate` are read by the caller, which builds one
 mesh per replica (`replicated.py` runs them as one engine).
 
@@ -44,22 +44,20 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh
 
-from jaxrl_async.engines import steps
+from jaxrl_async.engines import layout
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput
 from jaxrl_async.engines.scheduler import RequestQueue, Sequence
 from jaxrl_async.engines.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
-from jaxrl_async.models.transformer import KVCache, inference_weights, init_cache
+from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
 
 SyncMode = Literal["partial", "drain"]
@@ -76,118 +74,6 @@ def _count_compile(event: str, duration_s: float, **kwargs) -> None:
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
-
-
-def _generation_copy(params: dict) -> dict:
-    # New arrays (jnp.copy), so a caller may donate or delete the weights it pushed.
-    return jax.tree.map(jnp.copy, inference_weights(params))
-
-
-@dataclass(frozen=True)
-class _Steps:
-    """The jitted functions one core calls: the shared module-level ones, or its mesh's own."""
-
-    prefill: Callable
-    copy_prefix: Callable
-    decode: Callable
-    install: Callable  # checked params -> the engine's own generation-layout copy
-
-
-_SHARED_STEPS = _Steps(
-    prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2),
-    copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0),
-    decode=jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2),
-    install=jax.jit(_generation_copy))
-
-
-def _mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> _Steps:
-    """Steps that return the cache (and install the weights) in exactly these shardings.
-
-    Left to propagation, XLA picks the output layouts itself: on a (1, 1, 2) mesh it hands the
-    cache back as P(None, 'tensor') for P(('data', 'fsdp'), 'tensor', None, None) and installs
-    weights in a layout of its own choosing. Whether the next call then reuses its executable
-    depends on jax finding the two layouts equivalent; with fixed output shardings every call
-    gets exactly the first call's input layouts, and the weights keep the table's layout.
-    """
-    replicated = NamedSharding(mesh, PartitionSpec())
-    return _Steps(
-        prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2, out_shardings=cache),
-        copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0,
-                            out_shardings=cache),
-        decode=jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2,
-                       out_shardings=(cache, replicated, replicated)),
-        install=jax.jit(_generation_copy, out_shardings=weights))
-
-
-def _generation_shardings(params: dict) -> dict:
-    """`inference_weights` applied to the params' shardings: layer i of a stacked parameter is
-    sharded like the stack without its leading `layers` axis, which the table never shards."""
-    def one_layer(s: NamedSharding) -> NamedSharding:
-        if len(s.spec) and s.spec[0] is not None:
-            raise ValueError(f"sharding {s.spec}: the leading layers axis must not be sharded")
-        return NamedSharding(s.mesh, PartitionSpec(*s.spec[1:]))
-
-    num_layers = next(iter(params["layers"].values())).shape[0]
-    out = {name: ref.sharding for name, ref in params.items() if name != "layers"}
-    out["layers"] = tuple({name: one_layer(ref.sharding) for name, ref in params["layers"].items()}
-                          for _ in range(num_layers))
-    return out
-
-
-def _blocks(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> set[tuple]:
-    """The distinct index blocks of an array of `shape` under `sharding`, as hashable tuples."""
-    return {tuple(index.indices(size) for index, size in zip(block, shape))
-            for block in sharding.devices_indices_map(shape).values()}
-
-
-@functools.lru_cache(maxsize=None)
-def _reshard(sharding: NamedSharding) -> Callable:
-    return jax.jit(lambda x: x, out_shardings=sharding)
-
-
-def regroup_for(x: Any, target: NamedSharding) -> Any:
-    """`x`, resharded on its own devices so that `jax.device_put(x, target)` copies device buffers.
-
-    `device_put` onto another layout copies device to device only when every block of the
-    target already exists as a shard of the source (or the source is one device); otherwise it
-    reads the whole array back to the host and uploads it again. A trainer's fsdp x tensor layout
-    is regrouped here, on its own devices (one collective), into the target's blocks, each
-    replicated over the spare devices. Returned as is: host data (uploaded anyway), arrays of
-    another process, a one-device source, blocks already in place, and a source whose device
-    count the target's block count does not divide (that one still goes through the host).
-    """
-    if not isinstance(x, jax.Array) or not x.is_fully_addressable or len(x.sharding.device_set) == 1:
-        return x
-    shape = tuple(x.shape)
-    if _blocks(target, shape) <= _blocks(x.sharding, shape):
-        return x
-    if x.sharding.device_set == target.device_set:
-        return _reshard(target)(x)
-    mesh = target.mesh
-    used = {a for entry in target.spec if entry is not None
-            for a in ((entry,) if isinstance(entry, str) else entry)}
-    sizes = [mesh.shape[a] if a in used else 1 for a in mesh.axis_names]
-    devices = sorted(x.sharding.device_set, key=lambda d: d.id)
-    copies, rest = divmod(len(devices), int(np.prod(sizes)))
-    if rest:
-        return x
-    source_mesh = Mesh(np.asarray(devices).reshape(copies, *sizes), ("copies", *mesh.axis_names))
-    return _reshard(NamedSharding(source_mesh, target.spec))(x)
-
-
-def _regrouped(params: Any, reference: dict) -> Any:
-    """`regroup_for` on each leaf that matches its reference leaf (`accept_params` names the rest)."""
-    pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
-    refs = {jax.tree_util.keystr(path): ref
-            for path, ref in jax.tree_util.tree_flatten_with_path(reference)[0]}
-
-    def one(path, x):
-        ref = refs.get(jax.tree_util.keystr(path))
-        matches = (ref is not None and tuple(getattr(x, "shape", ())) == ref.shape
-                   and getattr(x, "dtype", None) == ref.dtype)
-        return regroup_for(x, ref.sharding) if matches else x
-
-    return jax.tree_util.tree_map_with_path(one, pure)
 
 
 @dataclass(frozen=True)
@@ -300,10 +186,10 @@ class EngineCore:
         make_cache = functools.partial(init_cache, model_config, config.num_slots, config.max_len,
                                        config.cache_dtype or model_config.dtype)
         if mesh is None:
-            self._steps = _SHARED_STEPS
+            self._steps = layout.SHARED_STEPS
         else:
             cache_placement = cache_shardings(jax.eval_shape(make_cache), mesh)
-            self._steps = _mesh_steps(mesh, cache_placement, _generation_shardings(self._reference))
+            self._steps = layout.mesh_steps(mesh, cache_placement, layout.generation_shardings(self._reference))
             self._cache = jax.jit(make_cache, out_shardings=cache_placement)()  # made in place
         # The engine's own committed copy: updates arrive committed too, so the jitted steps
         # see the same input shardings before and after a swap (no recompilation).
@@ -406,7 +292,7 @@ class EngineCore:
         (`regroup_for`), so that the move onto the engine's layout copies device buffers.
         """
         if self.mesh is not None:
-            params = _regrouped(params, self._reference)
+            params = layout.regrouped(params, self._reference)
         return self._steps.install(accept_params(self._reference, params))
 
     def update_weights(self, params: Any, version: int) -> None:
