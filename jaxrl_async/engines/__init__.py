@@ -5,7 +5,8 @@
   routing rule of every engine that fronts several.
 - native JAX backend: `jax_engine.py` (`JaxEngine`, the async wrapper) over `core.py`
   (`EngineCore`, `EngineConfig`: synchronous continuous batching; `mesh=` runs one engine
-  tensor-parallel over a (1, 1, T) device mesh), `steps.py` (jitted prefill / decode),
+  tensor-parallel over a (1, 1, T) device mesh), `layout.py` (its jitted steps per mesh and
+  pushed weights moved on device), `steps.py` (jitted prefill / decode),
   `sampling.py`, `scheduler.py` (priority queue, per-slot state), `weights.py` (checks on pushed
   weights).
 - `replicated.py`: `ReplicatedEngine`, data-parallel replicas (e.g. one `JaxEngine` per mesh)
