@@ -19,6 +19,7 @@ from jaxrl_async.engines.core import COMPILE_COUNTS, EngineConfig, EngineCore
 from jaxrl_async.engines.layout import regroup_for
 from jaxrl_async.engines.jax_engine import JaxEngine
 from jaxrl_async.engines.replicated import ReplicatedEngine
+from tests.jaxrl_async.test_engine_async import collect
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.sharding import MESH_AXES, make_mesh, shard_model
@@ -127,18 +128,6 @@ def test_regroup_puts_each_engine_block_on_a_trainer_device_so_the_move_copies_d
     held = [shard.index for shard in regrouped.addressable_shards]
     assert all(block in held for block in target.devices_indices_map((8, 8)).values())
     np.testing.assert_array_equal(jax.device_put(regrouped, target), np.arange(64.0).reshape(8, 8))
-
-
-async def collect(engine: GenerationEngine, expect_done: int) -> dict:
-    """Read the stream until `expect_done` samples are done; join each sample's pieces."""
-    pieces: dict = {}
-    done = 0
-    async for out in engine.outputs():
-        pieces.setdefault((out.request_id, out.sample_index), []).append(out)
-        done += out.done
-        if done == expect_done:
-            break
-    return {k: join_outputs(v) for k, v in pieces.items()}
 
 
 def two_replicas(model) -> ReplicatedEngine:
