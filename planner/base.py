@@ -36,6 +36,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
+from planner.configs import check_keys
 from planner.types import Admission, Candidate, Decision, Drop, Move, PlanContext, Status, Versions
 
 
@@ -145,14 +146,10 @@ class PolicyBase:
     @classmethod
     def build(cls, ctx: PlanContext, overrides: Mapping[str, Any] | None = None) -> PolicyBase:
         """Make the policy from the common context plus `policy.<native name>` overrides."""
-        fields = {f.name for f in dataclasses.fields(cls.Params)}
-        values = cls.default_params(ctx)
-        for key, value in (overrides or {}).items():
-            if key not in fields:
-                known = ", ".join(sorted(fields)) or "none"
-                raise ValueError(f"policy.{key}: unknown parameter of policy '{cls.name}' (known: {known})")
-            values[key] = value
-        return cls(ctx, cls.Params(**values))
+        overrides = dict(overrides or {})
+        check_keys(overrides, (f.name for f in dataclasses.fields(cls.Params)), "policy",
+                   what=f"parameter of policy '{cls.name}'")
+        return cls(ctx, cls.Params(**{**cls.default_params(ctx), **overrides}))
 
     # ----------------------------------------------------------------- views
     @property

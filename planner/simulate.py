@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.configs import build, check, check_keys
 from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.registry import make_policy, policy_class
 from planner.sim.config import SimConfig
@@ -33,11 +34,8 @@ TOP_KEYS = ("policy", "max_staleness", "batch_groups", "group_size", "steps", "s
 
 
 def _int(name: str, value: Any, *, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        rule = "an integer or null" if optional else "an integer"
-        raise ValueError(f"{name}={value!r}: must be {rule}")
+    ok = (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool))
+    check(ok, name, value, "must be an integer or null" if optional else "must be an integer")
     return value
 
 
@@ -52,9 +50,7 @@ class SimulateConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any]) -> SimulateConfig:
-        for key in cfg:
-            if key not in TOP_KEYS:
-                raise ValueError(f"{key}: unknown key (known: {', '.join(TOP_KEYS)})")
+        check_keys(cfg, TOP_KEYS, "")
         for key in TOP_KEYS:
             if key not in cfg:
                 raise ValueError(f"{key}: missing")
@@ -68,7 +64,7 @@ class SimulateConfig:
             total_steps=_int("steps", cfg["steps"]),
         )
         params = {k: v for k, v in policy.items() if v is not None}
-        config = cls(name, params, ctx, _int("seed", cfg["seed"]), dict(cfg["workload"]), SimConfig.from_mapping(cfg["sim"]))
+        config = cls(name, params, ctx, _int("seed", cfg["seed"]), dict(cfg["workload"]), build(SimConfig, cfg["sim"], "sim"))
         config.build_policy()  # validate native parameters now, not mid-sweep
         config.build_workload()
         return config

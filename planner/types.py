@@ -10,6 +10,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from planner.configs import check
+
 
 @dataclass(frozen=True, slots=True)
 class PlanContext:
@@ -21,14 +23,11 @@ class PlanContext:
     total_steps: int  # S: the run trains steps 0 .. S-1
 
     def __post_init__(self) -> None:
-        if self.batch_groups <= 0:
-            raise ValueError(f"batch_groups={self.batch_groups}: must be a positive integer")
-        if self.group_size <= 0:
-            raise ValueError(f"group_size={self.group_size}: must be a positive integer")
-        if self.max_staleness is not None and self.max_staleness < 0:
-            raise ValueError(f"max_staleness={self.max_staleness}: must be >= 0 (or null for unbounded)")
-        if self.total_steps <= 0:
-            raise ValueError(f"steps={self.total_steps}: must be a positive integer")
+        check(self.batch_groups > 0, "batch_groups", self.batch_groups, "must be a positive integer")
+        check(self.group_size > 0, "group_size", self.group_size, "must be a positive integer")
+        check(self.max_staleness is None or self.max_staleness >= 0, "max_staleness", self.max_staleness,
+              "must be >= 0 (or null for unbounded)")
+        check(self.total_steps > 0, "steps", self.total_steps, "must be a positive integer")
 
 
 @dataclass(frozen=True, slots=True)

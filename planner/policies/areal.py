@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
-from planner.policies.blocks import by_completion, cap_room, cumulative_room, first_batch, require
+from planner.configs import check
+from planner.policies.blocks import by_completion, cap_room, cumulative_room, first_batch
 from planner.registry import register
 from planner.types import Decision, PlanContext
 
@@ -24,9 +25,10 @@ class ArealParams:
     max_concurrent_rollouts: int | None = None  # None = consumer_batch_size (B), as AReaL
 
     def __post_init__(self) -> None:
-        require(self.max_head_offpolicyness >= 0, "max_head_offpolicyness", self.max_head_offpolicyness, "must be >= 0")
+        ofp = self.max_head_offpolicyness
+        check(ofp >= 0, "policy.max_head_offpolicyness", ofp, "must be >= 0")
         m = self.max_concurrent_rollouts
-        require(m is None or m >= 1, "max_concurrent_rollouts", m, "must be >= 1 or null")
+        check(m is None or m >= 1, "policy.max_concurrent_rollouts", m, "must be >= 1 or null")
 
 
 @register

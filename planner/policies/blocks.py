@@ -94,10 +94,3 @@ def bound_batch(policy: PolicyBase, step: int) -> list[int] | None:
 def planned_batch_index(group: Group, batch_groups: int) -> int:
     """Dispatch batch of a group admitted `seq`-th: the i-th B admissions form batch i."""
     return group.seq // batch_groups
-
-
-# ------------------------------------------------------------------------------------- params
-def require(ok: bool, name: str, value: object, rule: str) -> None:
-    """One-line ValueError naming the native parameter, its value and the rule."""
-    if not ok:
-        raise ValueError(f"policy.{name}={value!r}: {rule}")

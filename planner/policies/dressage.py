@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
-from planner.policies.blocks import by_completion, cap_room, require
+from planner.configs import check
+from planner.policies.blocks import by_completion, cap_room
 from planner.registry import register
 from planner.types import Decision, PlanContext, Status, Versions
 
@@ -34,11 +35,11 @@ class DressageParams:
     def __post_init__(self) -> None:
         for name in ("max_active_groups", "output_queue_size"):
             v = getattr(self, name)
-            require(v is None or v >= 1, name, v, "must be >= 1 or null")
+            check(v is None or v >= 1, f"policy.{name}", v, "must be >= 1 or null")
         k = self.dressage_staleness_keep_versions
-        require(k is None or k >= 0, "dressage_staleness_keep_versions", k, "must be an integer >= 0 or null")
+        check(k is None or k >= 0, "policy.dressage_staleness_keep_versions", k, "must be an integer >= 0 or null")
         p = self.max_partial_rollout_preempts
-        require(p is None or p >= 0, "max_partial_rollout_preempts", p, "must be >= 0 or null")
+        check(p is None or p >= 0, "policy.max_partial_rollout_preempts", p, "must be >= 0 or null")
 
 
 @register

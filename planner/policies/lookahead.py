@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import Group, PolicyBase
+from planner.configs import check
 from planner.feasibility import admission_room, feasible
 from planner.predictors import make_predictor
 from planner.registry import register
@@ -53,8 +54,7 @@ class LookaheadParams:
     def __post_init__(self) -> None:
         for name in ("max_inflight_groups", "kv_token_budget"):
             v = getattr(self, name)
-            if v is not None and v <= 0:
-                raise ValueError(f"policy.{name}={v}: must be positive or null")
+            check(v is None or v > 0, f"policy.{name}", v, "must be positive or null")
 
 
 @register

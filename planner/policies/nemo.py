@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import Group, PolicyBase
+from planner.configs import check
 from planner.policies.blocks import (
     bound_batch,
     by_completion,
@@ -24,7 +25,6 @@ from planner.policies.blocks import (
     first_batch,
     older_than,
     planned_batch_index,
-    require,
     running_groups,
 )
 from planner.registry import register
@@ -34,7 +34,7 @@ from planner.types import Admission, Decision, PlanContext, Status
 def _check_caps(params: Any) -> None:
     for name in ("max_inflight_prompts", "max_buffered_rollouts"):
         v = getattr(params, name)
-        require(v is None or v >= 1, name, v, "must be >= 1 or null")
+        check(v is None or v >= 1, f"policy.{name}", v, "must be >= 1 or null")
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class NemoStalenessParams:
 
     def __post_init__(self) -> None:
         v = self.max_staleness_versions
-        require(v >= 0, "max_staleness_versions", v, "must be >= 0")
+        check(v >= 0, "policy.max_staleness_versions", v, "must be >= 0")
         _check_caps(self)
 
 
@@ -57,7 +57,7 @@ class NemoLookaheadParams:
 
     def __post_init__(self) -> None:
         v = self.max_lookahead_versions
-        require(v >= 0, "max_lookahead_versions", v, "must be >= 0")
+        check(v >= 0, "policy.max_lookahead_versions", v, "must be >= 0")
         _check_caps(self)
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import Group, PolicyBase
-from planner.policies.blocks import bound_batch, planned_batch_index, require
+from planner.configs import check
+from planner.policies.blocks import bound_batch, planned_batch_index
 from planner.registry import register
 from planner.types import Admission, Decision, PlanContext
 
@@ -21,7 +22,7 @@ class OpenrlhfParams:
     async_queue_size: int = 1
 
     def __post_init__(self) -> None:
-        require(self.async_queue_size >= 1, "async_queue_size", self.async_queue_size, "must be >= 1")
+        check(self.async_queue_size >= 1, "policy.async_queue_size", self.async_queue_size, "must be >= 1")
 
 
 @register

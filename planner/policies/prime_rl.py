@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
-from planner.policies.blocks import by_completion, cap_room, drop_all, first_batch, older_than, require, running_groups
+from planner.configs import check
+from planner.policies.blocks import by_completion, cap_room, drop_all, first_batch, older_than, running_groups
 from planner.registry import register
 from planner.types import Decision, PlanContext
 
@@ -32,15 +33,15 @@ class PrimeRlParams:
     backoff: float = 0.75  # shrink factor per report above the soft cap
 
     def __post_init__(self) -> None:
-        require(self.max_off_policy_steps >= 0, "max_off_policy_steps", self.max_off_policy_steps, "must be >= 0")
+        check(self.max_off_policy_steps >= 0, "policy.max_off_policy_steps", self.max_off_policy_steps, "must be >= 0")
         for name in ("max_inflight", "min_inflight", "initial_inflight"):
             v = getattr(self, name)
-            require(v is None or v >= 1, name, v, "must be >= 1 or null")
+            check(v is None or v >= 1, f"policy.{name}", v, "must be >= 1 or null")
         lo, hi = self.min_inflight, self.max_inflight
-        require(lo is None or hi is None or lo <= hi, "min_inflight", lo, f"must be <= max_inflight={hi}")
-        require(0 < self.kv_soft_cap <= 1, "kv_soft_cap", self.kv_soft_cap, "must be in (0, 1]")
-        require(self.max_growth >= 1, "max_growth", self.max_growth, "must be >= 1")
-        require(0 < self.backoff <= 1, "backoff", self.backoff, "must be in (0, 1]")
+        check(lo is None or hi is None or lo <= hi, "policy.min_inflight", lo, f"must be <= max_inflight={hi}")
+        check(0 < self.kv_soft_cap <= 1, "policy.kv_soft_cap", self.kv_soft_cap, "must be in (0, 1]")
+        check(self.max_growth >= 1, "policy.max_growth", self.max_growth, "must be >= 1")
+        check(0 < self.backoff <= 1, "policy.backoff", self.backoff, "must be in (0, 1]")
 
 
 @register

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
+from planner.configs import check
 from planner.policies.blocks import (
     batch_lead,
     by_version,
@@ -20,7 +21,6 @@ from planner.policies.blocks import (
     drop_all,
     first_batch,
     older_than,
-    require,
     running_groups,
 )
 from planner.registry import register
@@ -33,7 +33,7 @@ class RollParams:
 
     def __post_init__(self) -> None:
         r = self.async_generation_ratio
-        require(r >= 0, "async_generation_ratio", r, "must be >= 0")
+        check(r >= 0, "policy.async_generation_ratio", r, "must be >= 0")
 
 
 @register

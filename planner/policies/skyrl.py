@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
-from planner.policies.blocks import by_completion, cap_room, cumulative_room, first_batch, require
+from planner.configs import check
+from planner.policies.blocks import by_completion, cap_room, cumulative_room, first_batch
 from planner.registry import register
 from planner.types import Decision, PlanContext
 
@@ -24,9 +25,9 @@ class SkyrlParams:
     num_parallel_generation_workers: int | None = None  # None = B·(max_staleness_steps + 1)
 
     def __post_init__(self) -> None:
-        require(self.max_staleness_steps >= 0, "max_staleness_steps", self.max_staleness_steps, "must be >= 0")
+        check(self.max_staleness_steps >= 0, "policy.max_staleness_steps", self.max_staleness_steps, "must be >= 0")
         w = self.num_parallel_generation_workers
-        require(w is None or w >= 1, "num_parallel_generation_workers", w, "must be >= 1 or null")
+        check(w is None or w >= 1, "policy.num_parallel_generation_workers", w, "must be >= 1 or null")
 
 
 @register

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
-from planner.policies.blocks import by_completion, cap_room, first_batch, require
+from planner.configs import check
+from planner.policies.blocks import by_completion, cap_room, first_batch
 from planner.registry import register
 from planner.types import Decision, PlanContext
 
@@ -24,9 +25,9 @@ class SlimeParams:
 
     def __post_init__(self) -> None:
         c = self.sglang_server_concurrency
-        require(c is None or c >= 1, "sglang_server_concurrency", c, "must be >= 1 or null")
+        check(c is None or c >= 1, "policy.sglang_server_concurrency", c, "must be >= 1 or null")
         f = self.fully_async_group_prefetch_factor
-        require(f > 0, "fully_async_group_prefetch_factor", f, "must be > 0")
+        check(f > 0, "policy.fully_async_group_prefetch_factor", f, "must be > 0")
 
 
 @register
@@ -44,11 +45,9 @@ class Slime(PolicyBase):
 
     def __init__(self, ctx: PlanContext, params: SlimeParams | None = None) -> None:
         super().__init__(ctx, params)
-        if self.threshold() < 1:
-            raise ValueError(
-                f"policy.sglang_server_concurrency={self.params.sglang_server_concurrency}: gives a prompt threshold "
-                f"below 1 with group_size={ctx.group_size} and prefetch {self.params.fully_async_group_prefetch_factor}"
-            )
+        check(self.threshold() >= 1, "policy.sglang_server_concurrency", self.params.sglang_server_concurrency,
+              f"gives a prompt threshold below 1 with group_size={ctx.group_size} and prefetch "
+              f"{self.params.fully_async_group_prefetch_factor}")
 
     @classmethod
     def default_params(cls, ctx: PlanContext) -> dict[str, Any]:

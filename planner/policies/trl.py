@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
-from planner.policies.blocks import by_completion, cap_room, first_batch, require
+from planner.configs import check
+from planner.policies.blocks import by_completion, cap_room, first_batch
 from planner.registry import register
 from planner.types import Decision, PlanContext
 
@@ -23,9 +24,9 @@ class TrlParams:
     max_inflight_tasks: int | None = None  # trajectories; None = per_step_traj · max(max_staleness, 1)
 
     def __post_init__(self) -> None:
-        require(self.max_staleness >= 0, "max_staleness", self.max_staleness, "must be >= 0")
+        check(self.max_staleness >= 0, "policy.max_staleness", self.max_staleness, "must be >= 0")
         m = self.max_inflight_tasks
-        require(m is None or m >= 1, "max_inflight_tasks", m, "must be >= 1 or null")
+        check(m is None or m >= 1, "policy.max_inflight_tasks", m, "must be >= 1 or null")
 
 
 @register
@@ -45,11 +46,8 @@ class Trl(PolicyBase):
 
     def __init__(self, ctx: PlanContext, params: TrlParams | None = None) -> None:
         super().__init__(ctx, params)
-        if self.inflight_cap_groups() < 1:
-            raise ValueError(
-                f"policy.max_inflight_tasks={self.params.max_inflight_tasks}: below group_size={ctx.group_size}, "
-                "no group could ever start"
-            )
+        check(self.inflight_cap_groups() >= 1, "policy.max_inflight_tasks", self.params.max_inflight_tasks,
+              f"below group_size={ctx.group_size}, no group could ever start")
 
     @classmethod
     def default_params(cls, ctx: PlanContext) -> dict[str, Any]:

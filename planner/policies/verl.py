@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from planner.base import PolicyBase
-from planner.policies.blocks import by_admission, cumulative_room, first_batch, require
+from planner.configs import check
+from planner.policies.blocks import by_admission, cumulative_room, first_batch
 from planner.registry import register
 from planner.types import Decision, PlanContext, Status
 
@@ -24,8 +25,8 @@ class VerlParams:
 
     def __post_init__(self) -> None:
         t = self.max_off_policy_threshold
-        require(t is None or t >= 1, "max_off_policy_threshold", t, "must be >= 1 or null (at 0 every group would be dropped)")
-        require(self.num_warmup_batches >= 0, "num_warmup_batches", self.num_warmup_batches, "must be >= 0")
+        check(t is None or t >= 1, "policy.max_off_policy_threshold", t, "must be >= 1 or null (at 0 every group would be dropped)")
+        check(self.num_warmup_batches >= 0, "policy.num_warmup_batches", self.num_warmup_batches, "must be >= 0")
 
 
 class _Verl(PolicyBase):

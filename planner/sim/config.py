@@ -1,9 +1,9 @@
 """Typed, validated configuration of the simulated cluster (DESIGN §4).
 
-Hydra composes plain mappings from `conf/sim/*.yaml`; `SimConfig.from_mapping` turns them into
-frozen dataclasses here, once, at the entry point (STYLE brief 3). Unknown keys are errors: a typo
-in a sweep must not silently run the default. Defaults live only in these dataclasses; the YAML
-files override what differs.
+Hydra composes plain mappings from `conf/sim/*.yaml`; `planner.configs.build(SimConfig, mapping,
+"sim")` turns them into these frozen dataclasses, once, at the entry point (STYLE brief 3).
+Unknown keys are errors: a typo in a sweep must not silently run the default. Defaults live only
+in these dataclasses; the YAML files override what differs.
 
 To add a knob: add a field with a default and a comment here, validate it in `__post_init__`, and
 read it where it is used (`workers.py`, `trainer.py`, `faults.py`).
@@ -11,32 +11,12 @@ read it where it is used (`workers.py`, `trainer.py`, `faults.py`).
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
-T = TypeVar("T")
+from planner.configs import build, check
 
 SYNC_MODES = ("drain", "inflight")
 RECOVERY_MODES = ("resume", "regenerate")
-
-
-def build(cls: type[T], values: Mapping[str, Any] | None, prefix: str) -> T:
-    """`cls(**values)` that names the unknown key (with its full dotted path) instead of a TypeError."""
-    values = dict(values or {})
-    known = {f.name for f in dataclasses.fields(cls)}
-    for key in values:
-        if key not in known:
-            raise ValueError(f"{prefix}.{key}: unknown key (known: {', '.join(sorted(known))})")
-    return cls(**values)
-
-
-def _positive(prefix: str, name: str, value: float, *, allow_zero: bool = False) -> None:
-    ok = value >= 0 if allow_zero else value > 0
-    if not ok:
-        rule = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{prefix}.{name}={value}: must be {rule}")
 
 
 @dataclass(frozen=True)
@@ -55,22 +35,18 @@ class WorkerConfig:
 
     def __post_init__(self) -> None:
         p = "sim.workers"
-        if self.num_workers <= 0:
-            raise ValueError(f"{p}.num_workers={self.num_workers}: must be a positive integer")
+        check(self.num_workers > 0, f"{p}.num_workers", self.num_workers, "must be a positive integer")
         if self.speeds is not None:
             object.__setattr__(self, "speeds", tuple(float(s) for s in self.speeds))
             if len(self.speeds) != self.num_workers:
                 raise ValueError(f"{p}.speeds has {len(self.speeds)} entries: must have num_workers={self.num_workers}")
-            for s in self.speeds:
-                _positive(p, "speeds[]", s)
-        _positive(p, "max_concurrency", self.max_concurrency)
-        _positive(p, "kv_capacity", self.kv_capacity)
-        _positive(p, "decode_alpha", self.decode_alpha)
-        _positive(p, "decode_beta", self.decode_beta, allow_zero=True)
-        _positive(p, "prefill_per_token", self.prefill_per_token, allow_zero=True)
-        _positive(p, "t_sync", self.t_sync, allow_zero=True)
-        if self.sync_mode not in SYNC_MODES:
-            raise ValueError(f"{p}.sync_mode={self.sync_mode!r}: must be one of {', '.join(SYNC_MODES)}")
+            for i, s in enumerate(self.speeds):
+                check(s > 0, f"{p}.speeds[{i}]", s, "must be > 0")
+        for name in ("max_concurrency", "kv_capacity", "decode_alpha"):
+            check(getattr(self, name) > 0, f"{p}.{name}", getattr(self, name), "must be > 0")
+        for name in ("decode_beta", "prefill_per_token", "t_sync"):
+            check(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
+        check(self.sync_mode in SYNC_MODES, f"{p}.sync_mode", self.sync_mode, f"must be one of {', '.join(SYNC_MODES)}")
 
     def speed(self, index: int) -> float:
         return 1.0 if self.speeds is None else self.speeds[index]
@@ -84,8 +60,8 @@ class TrainerConfig:
     c1: float = 1.5e-4  # s per token in the batch
 
     def __post_init__(self) -> None:
-        _positive("sim.trainer", "c0", self.c0, allow_zero=True)
-        _positive("sim.trainer", "c1", self.c1, allow_zero=True)
+        for name in ("c0", "c1"):
+            check(getattr(self, name) >= 0, f"sim.trainer.{name}", getattr(self, name), "must be >= 0")
         if self.c0 + self.c1 <= 0:
             raise ValueError("sim.trainer: c0 + c1 must be > 0 (a free trainer step never advances time)")
 
@@ -112,15 +88,14 @@ class FaultConfig:
         events = []
         for i, e in enumerate(self.events):
             e = e if isinstance(e, FaultSpec) else build(FaultSpec, e, f"{p}.events[{i}]")
-            if e.time < 0:
-                raise ValueError(f"{p}.events[{i}].time={e.time}: must be >= 0")
+            check(e.time >= 0, f"{p}.events[{i}].time", e.time, "must be >= 0")
             events.append(e)
         object.__setattr__(self, "events", tuple(events))
-        _positive(p, "rate", self.rate, allow_zero=True)
-        if self.recovery not in RECOVERY_MODES:
-            raise ValueError(f"{p}.recovery={self.recovery!r}: must be one of {', '.join(RECOVERY_MODES)}")
-        if self.restart_after is not None:
-            _positive(p, "restart_after", self.restart_after, allow_zero=True)
+        check(self.rate >= 0, f"{p}.rate", self.rate, "must be >= 0")
+        check(self.recovery in RECOVERY_MODES, f"{p}.recovery", self.recovery,
+              f"must be one of {', '.join(RECOVERY_MODES)}")
+        check(self.restart_after is None or self.restart_after >= 0, f"{p}.restart_after", self.restart_after,
+              "must be >= 0, or null for never")
 
 
 @dataclass(frozen=True)
@@ -133,24 +108,8 @@ class SimConfig:
     admission_window: int | None = None  # candidates shown to policy.admit; None = 2·batch_groups
 
     def __post_init__(self) -> None:
-        if self.admission_window is not None and self.admission_window <= 0:
-            raise ValueError(f"sim.admission_window={self.admission_window}: must be positive or null")
+        window = self.admission_window
+        check(window is None or window > 0, "sim.admission_window", window, "must be positive or null")
         for e in self.faults.events:
-            if not 0 <= e.worker < self.workers.num_workers:
-                raise ValueError(
-                    f"sim.faults.events worker={e.worker}: no such worker (num_workers={self.workers.num_workers})"
-                )
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any] | None) -> SimConfig:
-        values = dict(values or {})
-        known = {f.name for f in dataclasses.fields(cls)}
-        for key in values:
-            if key not in known:
-                raise ValueError(f"sim.{key}: unknown key (known: {', '.join(sorted(known))})")
-        return cls(
-            workers=build(WorkerConfig, values.get("workers"), "sim.workers"),
-            trainer=build(TrainerConfig, values.get("trainer"), "sim.trainer"),
-            faults=build(FaultConfig, values.get("faults"), "sim.faults"),
-            admission_window=values.get("admission_window"),
-        )
+            check(0 <= e.worker < self.workers.num_workers, "sim.faults.events worker", e.worker,
+                  f"no such worker (num_workers={self.workers.num_workers})")

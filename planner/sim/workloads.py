@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from planner.sim.config import build
+from planner.configs import build, check
 from planner.sim.trace import read_trace
 
 
@@ -44,8 +44,8 @@ class Workload(ABC):
         self._tables: dict[str, np.ndarray] = {}  # per-prompt properties of a finite dataset
         self._table_seed: int | None = None
         n = getattr(params, "num_prompts", None)
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n <= 0):
-            raise ValueError(f"workload.num_prompts={n!r}: must be a positive integer or null")
+        check(n is None or (isinstance(n, int) and not isinstance(n, bool) and n > 0), "workload.num_prompts", n,
+              "must be a positive integer or null")
 
     @abstractmethod
     def sample(self, rng: np.random.Generator, num_groups: int) -> GroupDraws: ...
@@ -83,13 +83,12 @@ class Workload(ABC):
         return GroupDraws(ids.tolist(), np.full(len(ids), prompt_tokens, dtype=np.int64), lengths)
 
 
-def _check(prefix: str, **rules: tuple[float, float | None]) -> None:
-    """rules: name -> (value, lower bound exclusive or None for >= 0)."""
-    for name, (value, low) in rules.items():
-        if low is None and value < 0:
-            raise ValueError(f"{prefix}.{name}={value}: must be >= 0")
-        if low is not None and value <= low:
-            raise ValueError(f"{prefix}.{name}={value}: must be > {low}")
+def _check_bounds(params: Any, *, positive: tuple[str, ...] = (), nonnegative: tuple[str, ...] = ()) -> None:
+    """`workload.<name>` of `params` must be > 0 (`positive`) or >= 0 (`nonnegative`)."""
+    for name in positive:
+        check(getattr(params, name) > 0, f"workload.{name}", getattr(params, name), "must be > 0")
+    for name in nonnegative:
+        check(getattr(params, name) >= 0, f"workload.{name}", getattr(params, name), "must be >= 0")
 
 
 WORKLOADS: dict[str, type[Workload]] = {}
@@ -112,8 +111,7 @@ class LognormalParams:
     num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
-        _check("workload", sigma=(self.sigma, None), prompt_sigma=(self.prompt_sigma, None),
-               max_tokens=(self.max_tokens, 0), prompt_tokens=(self.prompt_tokens, None))
+        _check_bounds(self, positive=("max_tokens",), nonnegative=("sigma", "prompt_sigma", "prompt_tokens"))
 
 
 @register
@@ -140,11 +138,9 @@ class BimodalParams:
     num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
-        _check("workload", short_mean=(self.short_mean, 0), long_mean=(self.long_mean, 0),
-               sigma=(self.sigma, None), prompt_sigma=(self.prompt_sigma, None),
-               max_tokens=(self.max_tokens, 0), prompt_tokens=(self.prompt_tokens, None))
-        if not 0 <= self.p_long <= 1:
-            raise ValueError(f"workload.p_long={self.p_long}: must be in [0, 1]")
+        _check_bounds(self, positive=("short_mean", "long_mean", "max_tokens"),
+                      nonnegative=("sigma", "prompt_sigma", "prompt_tokens"))
+        check(0 <= self.p_long <= 1, "workload.p_long", self.p_long, "must be in [0, 1]")
 
 
 @register
@@ -171,8 +167,7 @@ class HeavyTailParams:
     num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
-        _check("workload", scale=(self.scale, 0), alpha=(self.alpha, 0), prompt_sigma=(self.prompt_sigma, None),
-               max_tokens=(self.max_tokens, 0), prompt_tokens=(self.prompt_tokens, None))
+        _check_bounds(self, positive=("scale", "alpha", "max_tokens"), nonnegative=("prompt_sigma", "prompt_tokens"))
 
 
 @register
@@ -195,7 +190,7 @@ class TraceParams:
     def __post_init__(self) -> None:
         if not self.path:
             raise ValueError("workload.path: required for workload=trace (a JSONL trace file)")
-        _check("workload", prompt_tokens=(self.prompt_tokens, None))
+        _check_bounds(self, nonnegative=("prompt_tokens",))
 
 
 @register

@@ -8,6 +8,7 @@ import pytest
 import planner.policies  # noqa: F401  (registers the baselines)
 import planner.policies.lookahead  # noqa: F401
 from planner.audit import audit
+from planner.configs import build
 from planner.ledger import LedgerWriter, read_ledger
 from planner.registry import make_policy
 from planner.sim import FaultConfig, SimConfig, Simulator, TrainerConfig, WorkerConfig, make_workload
@@ -125,15 +126,15 @@ def test_busy_fractions_and_throughput_come_from_simulated_time(tmp_path):
 
 def test_bad_cluster_configs_name_the_field():
     with pytest.raises(ValueError, match="sim.workers.speeds has 1 entries"):
-        SimConfig.from_mapping({"workers": {"num_workers": 2, "speeds": [1.0]}})
+        build(SimConfig, {"workers": {"num_workers": 2, "speeds": [1.0]}}, "sim")
     with pytest.raises(ValueError, match="sim.faults.events worker=5"):
-        SimConfig.from_mapping({"faults": {"events": [{"time": 1.0, "worker": 5}]}})
+        build(SimConfig, {"faults": {"events": [{"time": 1.0, "worker": 5}]}}, "sim")
     with pytest.raises(ValueError, match="sim.trainer.c2: unknown key"):
-        SimConfig.from_mapping({"trainer": {"c2": 1.0}})
+        build(SimConfig, {"trainer": {"c2": 1.0}}, "sim")
     ctx = PlanContext(4, 8, 2, 5)
     with pytest.raises(ValueError, match="max_concurrency=4: must be >= group_size=8"):
         Simulator(FifoCapped(ctx), ctx, make_workload({"name": "lognormal"}, 8),
-                  SimConfig.from_mapping({"workers": {"max_concurrency": 4}}), seed=0)
+                  build(SimConfig, {"workers": {"max_concurrency": 4}}, "sim"), seed=0)
 
 
 def test_the_simulator_runs_tens_of_thousands_of_trajectories_a_second():

@@ -1,0 +1,117 @@
+"""Typed configs from composed mappings: one builder and one validation helper for every config.
+
+Every config section (`sim.workers`, `trainer.optim`, `engine`, `cluster.distributed`, a task,
+a workload, the run's top level, ...) is a frozen dataclass whose fields carry the defaults and
+whose `__post_init__` validates values with `check`. `build` turns a plain mapping (Hydra's
+composed config, `OmegaConf.to_container`) into that dataclass and adds the two checks a
+dataclass cannot make itself — an unknown key and a missing required key — as one-line errors
+naming the dotted key; a field typed as another config dataclass is built from its mapping by
+`build` itself, so no config writes its own nesting.
+
+`defaults(cls)` is the same dataclass as plain data. The entry points store it in Hydra's
+ConfigStore (`register_defaults`, node `base/<group>/<name>`) and each `conf/` file lists that
+node first in its `defaults`, so the dataclass is the one place a default lives, the YAML states
+only what differs, and every key still exists for a command-line override (Hydra refuses an
+override of a key the composed config lacks).
+
+Used by planner/ and jaxrl_async/ alike: pure Python, Hydra imported only by `register_defaults`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+# Hydra's mark for a value the user must give; `defaults` writes it for a required field, and
+# `build` treats it as absent, so the error says which key to set.
+MISSING = "???"
+
+
+def check(ok: bool, name: str, value: Any, rule: str) -> None:
+    """One-line ValueError `name=value: rule` unless `ok`: the dotted key, its value, the rule and the fix."""
+    if not ok:
+        raise ValueError(f"{name}={value!r}: {rule}")
+
+
+def _key(section: str, name: str) -> str:
+    return f"{section}.{name}" if section else name
+
+
+def check_keys(values: Mapping[str, Any], known: typing.Iterable[str], section: str, *, what: str = "key") -> None:
+    """An unknown key of `section` is a one-line ValueError naming it and the known keys; `what`
+    names the kind of key where the section has variants ("key for task 'repeat_letter'")."""
+    known = sorted(known)
+    unknown = sorted(set(values) - set(known))
+    if unknown:
+        raise ValueError(f"{_key(section, unknown[0])}: unknown {what} (known: {', '.join(known) or 'none'})")
+
+
+def _nested(hint: Any) -> type | None:
+    """The config dataclass a field holds (also when optional), else None."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union \
+        else (hint,)
+    found = [t for t in options if isinstance(t, type) and dataclasses.is_dataclass(t)]
+    return found[0] if len(found) == 1 else None
+
+
+def build(cls: type[T], values: Mapping[str, Any] | None, section: str, *, what: str = "key") -> T:
+    """`cls(**values)` with one-line errors for an unknown or a missing key, naming `section.key`.
+
+    A field typed as a config dataclass (or optional one) is built from its mapping here, under
+    `section.field`; a value that already is the dataclass is kept. `section` "" is the top level.
+    """
+    values = {k: v for k, v in (values or {}).items() if not (isinstance(v, str) and v == MISSING)}
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    check_keys(values, (f.name for f in fields), section, what=what)
+    for f in fields:
+        if f.name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise ValueError(f"{_key(section, f.name)}: required key missing (set {_key(section, f.name)}=...)")
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        sub = _nested(hints[name])
+        if sub is not None and isinstance(value, Mapping):
+            values[name] = build(sub, value, _key(section, name))
+    return cls(**values)
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def defaults(cls: type) -> dict[str, Any]:
+    """Every field of `cls` at its default, as plain data (nested dataclasses as mappings, tuples
+    as lists); a required field is `MISSING`."""
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.default is not dataclasses.MISSING:
+            out[f.name] = _plain(f.default)
+        elif f.default_factory is not dataclasses.MISSING:
+            out[f.name] = _plain(f.default_factory())
+        else:
+            out[f.name] = MISSING
+    return out
+
+
+def register_defaults(nodes: Mapping[str, type]) -> None:
+    """Store `defaults(cls)` in Hydra's ConfigStore as `base/<path>` for every `path -> cls`
+    (e.g. "engine/jax" -> EngineConfig: a `conf/engine/jax.yaml` lists `/base/engine/jax@_here_`
+    first in its defaults). Plain mappings, not structured configs: OmegaConf's typed nodes
+    cannot hold unions such as `bool | str | None`, and `build` checks the keys anyway.
+    Storing again replaces the node, so every entry point may call it."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    for path, cls in nodes.items():
+        group, _, name = f"base/{path}".rpartition("/")
+        store.store(group=group, name=name, node=defaults(cls))
