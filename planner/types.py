@@ -85,7 +85,8 @@ class Decision:
     """Everything a policy asks the driver to do after one event.
 
     `train` is only set by `select_batch`: the uids of batch `step`, or None to wait for the
-    next event. The driver applies `drop` before `train`, and `admit` in list order.
+    next event. Every driver applies a decision with `planner.driver.apply_decision`: `moves`
+    (to the ledger), `drop`, `train`, then `admit` in list order (DESIGN §8.6).
     """
 
     admit: list[Admission] = field(default_factory=list)

@@ -57,8 +57,9 @@ from jaxrl_async.runtime.state import controller_state, restore_controller
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
+from planner.driver import Held, apply_decision
 from planner.ledger import LedgerWriter
-from planner.types import Admission, Candidate, Decision, Drop
+from planner.types import Admission, Candidate, Decision, Drop, Move
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"
 
@@ -114,6 +115,7 @@ class Controller:
         self.window: list[tuple[Candidate, Prompt]] = []  # stream order
         self.groups: dict[int, LiveGroup] = {}
         self._lost_on_resume: list[int] = []
+        self._lost: set[int] = set()  # reported to on_group_lost, not re-admitted or dropped yet
         self._collector = RolloutCollector()
         self._mutex = asyncio.Lock()
         self._training = False  # a step is training or publishing
@@ -200,11 +202,10 @@ class Controller:
     def _regenerate(self, uid: int) -> None:
         """The fault path for one generating group: discard its pieces, apply the policy's
         re-admission (or drop). A policy that does neither would lose the group: an error."""
-        rollout = self.groups[uid].rollout
-        self._collector.close(rollout)  # late pieces of this attempt are ignored from now on
+        self._collector.close(self.groups[uid].rollout)  # late pieces of this attempt are ignored from now on
+        self._lost.add(uid)
         self._apply(self.policy.on_group_lost(uid=uid, prefix_kept=False, now=self.now()), "on_group_lost")
-        live = self.groups.get(uid)
-        if live is not None and live.rollout is rollout:
+        if uid in self._lost:
             raise RuntimeError(f"policy {self.policy.name}: on_group_lost(uid={uid}) neither re-admitted nor "
                                "dropped the group; it would be lost")
 
@@ -244,22 +245,26 @@ class Controller:
             self._done.set()
 
     # ================================================================== decisions
-    def _apply(self, d: Decision, source: str) -> None:
-        """Apply a decision: moves to the ledger, drops, the batch, admissions (in that order).
+    def _apply(self, d: Decision, call: str) -> None:
+        """Apply a decision through `planner.driver.apply_decision` (moves to the ledger, drops, the
+        batch, admissions in order), the controller being its host.
 
         Engine calls are queued in `self._commands` and sent by `_flush_engine_commands`, so that
         applying a decision never yields to another event half-way.
         """
-        if d.moves:
-            self.ledger.moves(d.moves)
-        for drop in d.drop:
-            self._drop(drop)
-        if d.train is not None:
-            if source != "select_batch":
-                raise ValueError(f"policy {self.policy.name}: {source} returned a batch; only select_batch may")
-            self._start_step(d.train)
-        for a in d.admit:
-            self._admit(a)
+        apply_decision(self, d, call=call, policy=self.policy.name)
+
+    # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
+    def held(self, uid: int) -> Held:
+        live = self.groups.get(uid)
+        if live is None:
+            return Held.CANDIDATE if any(c.uid == uid for c, _ in self.window) else Held.NOTHING
+        if uid in self._lost:
+            return Held.LOST
+        return Held.DONE if live.phase == DONE else Held.GENERATING
+
+    def record_moves(self, moves: list[Move]) -> None:
+        self.ledger.moves(moves)
 
     def _queue(self, kind: str, payload: Any) -> None:
         self._commands.append((kind, payload))
@@ -272,18 +277,15 @@ class Controller:
             else:
                 await self.engine.abort(payload)
 
-    def _admit(self, a: Admission) -> None:
+    def admit_group(self, a: Admission) -> None:
         live = self.groups.get(a.uid)
-        if live is None:
-            index = next((i for i, (c, _) in enumerate(self.window) if c.uid == a.uid), None)
-            if index is None:
-                raise ValueError(f"policy {self.policy.name} admitted uid {a.uid}: neither a candidate nor a lost group")
+        if live is None:  # a candidate
+            index = next(i for i, (c, _) in enumerate(self.window) if c.uid == a.uid)
             _, prompt = self.window.pop(index)
             attempt = 0
             self.stats.groups_admitted += 1
-        elif live.phase == DONE:
-            raise ValueError(f"policy {self.policy.name} re-admitted uid {a.uid}, which is done")
         else:  # a lost group, regenerated from scratch under a new request id
+            self._lost.discard(a.uid)
             self._collector.close(live.rollout)
             self._queue("abort", live.rollout.request_id)
             prompt, attempt = live.prompt, live.rollout.attempt + 1
@@ -309,10 +311,9 @@ class Controller:
             if self._collector.is_open(request.request_id):  # not dropped meanwhile
                 self._queue("submit", request)
 
-    def _drop(self, d: Drop) -> None:
-        live = self.groups.pop(d.uid, None)
-        if live is None:
-            raise ValueError(f"policy {self.policy.name} dropped uid {d.uid}: not an admitted, untrained group")
+    def drop_group(self, d: Drop) -> None:
+        live = self.groups.pop(d.uid)
+        self._lost.discard(d.uid)
         if live.phase == GENERATING:
             self._collector.close(live.rollout)
             self._queue("abort", live.rollout.request_id)
@@ -396,15 +397,9 @@ class Controller:
             await self._settle()
 
     # ================================================================== training
-    def _start_step(self, uids: list[int]) -> None:
+    def train_batch(self, uids: list[int]) -> None:
         step = self.step
-        groups = []
-        for uid in uids:
-            live = self.groups.get(uid)
-            if live is None or live.phase != DONE:
-                state = "unknown" if live is None else live.phase
-                raise ValueError(f"policy {self.policy.name} trained uid {uid} at step {step}: group is {state}, not done")
-            groups.append(self.groups.pop(uid).rollout)
+        groups = [self.groups.pop(uid).rollout for uid in uids]
         self.ledger.train(step, [(g.uid, g.token_versions()) for g in groups])
         self._training = True
         self._spawn(self._train, step, groups)

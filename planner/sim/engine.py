@@ -7,8 +7,8 @@ The loop is vidur's: pop the earliest `(time, kind, seq)` event, set the clock, 
 push the events the handler returns. Handlers never touch the heap; what they schedule is
 collected in `self._out` and pushed by the loop. After every event that changed anything a policy
 can see, `_settle` asks the policy to admit from the candidate window and, while the trainer
-waits, to select batch `k`; decisions are applied at once (drops, then the batch, then admissions
-in order, moves go to the ledger).
+waits, to select batch `k`; decisions are applied at once through `planner.driver.apply_decision`
+(moves to the ledger, drops, the batch, admissions in order), the simulator being its host.
 
 Everything random comes from `seed` (numpy Generators spawned per purpose), and nothing reads a
 clock, so a run is a function of (policy, config, seed). A run that runs out of events while the
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.driver import Held, apply_decision
 from planner.ledger import LedgerWriter
 from planner.sim.config import SimConfig
 from planner.sim.events import EventKind, EventQueue
@@ -35,9 +36,12 @@ from planner.sim.stream import AdmissionWindow
 from planner.sim.trainer import Trainer
 from planner.sim.workers import Worker
 from planner.sim.workloads import Workload, workload_params
-from planner.types import Admission, Decision, Drop, PlanContext
+from planner.types import Admission, Decision, Drop, Move, PlanContext
 
 MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock
+# What an admitted, untrained group is to a Decision's checks (TRAINED and DROPPED groups are gone).
+_HELD = {GState.QUEUED: Held.GENERATING, GState.RUNNING: Held.GENERATING, GState.DONE: Held.DONE,
+         GState.LOST: Held.LOST}
 
 
 class NullLedger:
@@ -147,42 +151,36 @@ class Simulator:
         raise RuntimeError(f"policy {self.policy.name}: decisions keep changing state at t={self.now} (livelock)")
 
     # ================================================================== decisions
-    def _apply(self, d: Decision, source: str) -> None:
-        if d.moves:
-            self.ledger.moves(d.moves)
-        for drop in d.drop:
-            self._drop(drop)
-        if d.train is not None:
-            if source != "select_batch":
-                raise ValueError(f"policy {self.policy.name}: {source} returned a batch; only select_batch may")
-            self._train(d.train)
-        if d.admit:
-            self._admit(d.admit)
+    def _apply(self, d: Decision, call: str) -> None:
+        apply_decision(self, d, call=call, policy=self.policy.name)
 
-    def _admit(self, admissions: list[Admission]) -> None:
-        fresh = {a.uid for a in admissions if a.uid in self.window}
-        data = self.window.take(fresh) if fresh else {}
-        for a in admissions:
-            if a.uid in data:
-                c, prompt_tokens, lengths = data.pop(a.uid)
-                g = SimGroup(a.uid, c.prompt_id, prompt_tokens, lengths)
-                self.groups[a.uid] = g
-                self.admitted += 1
-            elif a.uid in self.lost:
-                g = self.lost.pop(a.uid)
-                self.readmissions += 1
-            else:
-                raise ValueError(f"policy {self.policy.name} admitted uid {a.uid}: neither a candidate nor a lost group")
-            self.ledger.admit(a)
-            g.priority = a.priority
-            g.min_version = a.version
-            self._route(g)
+    # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
+    def held(self, uid: int) -> Held:
+        g = self.groups.get(uid)
+        if g is None:
+            return Held.CANDIDATE if uid in self.window else Held.NOTHING
+        return _HELD[g.state]
+
+    def record_moves(self, moves: list[Move]) -> None:
+        self.ledger.moves(moves)
+
+    def admit_group(self, a: Admission) -> None:
+        if a.uid in self.window:
+            c, prompt_tokens, lengths = self.window.take(a.uid)
+            g = SimGroup(a.uid, c.prompt_id, prompt_tokens, lengths)
+            self.groups[a.uid] = g
+            self.admitted += 1
+        else:  # a lost group
+            g = self.lost.pop(a.uid)
+            self.readmissions += 1
+        self.ledger.admit(a)
+        g.priority = a.priority
+        g.min_version = a.version
+        self._route(g)
         self._changed = True
 
-    def _drop(self, d: Drop) -> None:
-        g = self.groups.get(d.uid)
-        if g is None:
-            raise ValueError(f"policy {self.policy.name} dropped uid {d.uid}: not an admitted, untrained group")
+    def drop_group(self, d: Drop) -> None:
+        g = self.groups[d.uid]
         if g.state == GState.RUNNING:
             w = self.workers[g.worker]
             w.abort(self.now, g)
@@ -196,17 +194,14 @@ class Simulator:
         self.metrics.drop(d.reason, tokens)
         self._changed = self._ask = True
 
-    def _train(self, uids: list[int]) -> None:
+    def train_batch(self, uids: list[int]) -> None:
         trainer = self.trainer
         if not trainer.waiting:
             raise ValueError(f"policy {self.policy.name}: a batch while the trainer is busy")
         step, n = trainer.step, self.ctx.group_size
         batch, prompt_tokens = [], 0
         for uid in uids:
-            g = self.groups.get(uid)
-            if g is None or g.state != GState.DONE:
-                state = "unknown" if g is None else g.state.name
-                raise ValueError(f"policy {self.policy.name} trained uid {uid} at step {step}: group is {state}, not DONE")
+            g = self.groups[uid]
             batch.append((uid, g.versions_list(), len(g.lengths)))
             prompt_tokens += g.prompt_tokens * len(g.lengths)
             g.state = GState.TRAINED

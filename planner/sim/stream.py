@@ -9,6 +9,8 @@ predictor may read.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from planner.sim.workloads import Workload
@@ -49,16 +51,17 @@ class AdmissionWindow:
     def __contains__(self, uid: int) -> bool:
         return uid in self._data
 
-    def take(self, uids: set[int]) -> dict[int, tuple[Candidate, int, list[int]]]:
-        """Remove admitted candidates from the window and refill it; returns their data by uid."""
-        out = {}
-        keep = []
-        for c in self.candidates:
-            if c.uid in uids:
-                prompt_tokens, lengths = self._data.pop(c.uid)
-                out[c.uid] = (c, prompt_tokens, lengths)
-            else:
-                keep.append(c)
-        self.candidates = keep
+    def take(self, uid: int) -> tuple[Candidate, int, list[int]]:
+        """Remove admitted candidate `uid` from the window and refill it; returns (candidate,
+        prompt tokens, lengths). The window is in uid order (stream order), so bisection finds it;
+        the list is replaced, not changed, because the policy may still hold the one it was shown."""
+        prompt_tokens, lengths = self._data.pop(uid)
+        i = bisect_left(self.candidates, uid, key=_uid)
+        c = self.candidates[i]
+        self.candidates = self.candidates[:i] + self.candidates[i + 1 :]
         self.refill()
-        return out
+        return c, prompt_tokens, lengths
+
+
+def _uid(c: Candidate) -> int:
+    return c.uid

@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.base import PolicyBase
+from planner.driver import Held, apply_decision
 from planner.ledger import LedgerWriter
-from planner.types import Candidate, Decision
+from planner.types import Admission, Candidate, Decision, Drop, Move
 
 
 @dataclass
@@ -43,6 +44,7 @@ class AdversarialDriver:
         self.running: dict[int, int] = {}  # uid -> version at start (after resume: at resume)
         self.prefix: dict[int, dict[int, int]] = {}  # uid -> tokens kept across a resume
         self.done_versions: dict[int, list[tuple[int, int]]] = {}
+        self.lost: set[int] = set()  # lost by a worker, waiting for a re-admission or a drop
         self.synced = 0
         self.published = 0
         self.step = 0
@@ -50,18 +52,39 @@ class AdversarialDriver:
         self.now = 0.0
 
     # ----------------------------------------------------------------- applying decisions
-    def apply(self, d: Decision) -> None:
-        for a in d.admit:
-            self.ledger.admit(a)
-            self.running.pop(a.uid, None)
-            self.queued[a.uid] = a.priority
-            self.barrier[a.uid] = a.version
-        for dr in d.drop:
-            self.ledger.drop(dr)
-            self.queued.pop(dr.uid, None)
-            self.running.pop(dr.uid, None)
-            self.done_versions.pop(dr.uid, None)
-        self.ledger.moves(d.moves)
+    def apply(self, d: Decision, call: str) -> None:
+        apply_decision(self, d, call=call, policy=self.p.name)
+
+    # The DecisionHost hooks (planner.driver).
+    def held(self, uid: int) -> Held:
+        if uid in self.done_versions:
+            return Held.DONE
+        if uid in self.queued or uid in self.running:
+            return Held.GENERATING
+        if uid in self.lost:
+            return Held.LOST
+        return Held.CANDIDATE if any(c.uid == uid for c in self.pending) else Held.NOTHING
+
+    def record_moves(self, moves: list[Move]) -> None:
+        self.ledger.moves(moves)
+
+    def drop_group(self, d: Drop) -> None:
+        self.ledger.drop(d)
+        self.queued.pop(d.uid, None)
+        self.running.pop(d.uid, None)
+        self.done_versions.pop(d.uid, None)
+        self.lost.discard(d.uid)
+
+    def train_batch(self, uids: list[int]) -> None:
+        self.ledger.train(self.step, [(uid, self.done_versions.pop(uid)) for uid in uids])
+        self.training = uids
+
+    def admit_group(self, a: Admission) -> None:
+        self.ledger.admit(a)
+        self.pending = [c for c in self.pending if c.uid != a.uid]
+        self.lost.discard(a.uid)
+        self.queued[a.uid] = a.priority
+        self.barrier[a.uid] = a.version
 
     def candidates(self) -> list[Candidate]:
         while len(self.pending) < self.window:  # the data stream's next prompts
@@ -71,10 +94,7 @@ class AdversarialDriver:
         return self.pending
 
     def admit(self) -> None:
-        d = self.p.admit(now=self.now, candidates=self.candidates())
-        taken = {a.uid for a in d.admit}
-        self.pending = [c for c in self.pending if c.uid not in taken]
-        self.apply(d)
+        self.apply(self.p.admit(now=self.now, candidates=self.candidates()), "admit")
 
     # ----------------------------------------------------------------- events
     def start_one(self) -> None:
@@ -88,7 +108,7 @@ class AdversarialDriver:
         version = self.rng.randint(max(self.synced, self.barrier[uid]), self.published)
         self.running[uid] = version
         self.ledger.start(uid, version)
-        self.apply(self.p.on_group_started(uid=uid, version=version, now=self.now))
+        self.apply(self.p.on_group_started(uid=uid, version=version, now=self.now), "on_group_started")
 
     def finish_one(self) -> None:
         uid = self.rng.choice(sorted(self.running))
@@ -100,7 +120,7 @@ class AdversarialDriver:
             counts[v] = counts.get(v, 0) + self.rng.randint(1, 30)
         versions = sorted(counts.items())
         self.done_versions[uid] = versions
-        self.apply(self.p.on_group_finished(uid=uid, versions=versions, now=self.now))
+        self.apply(self.p.on_group_finished(uid=uid, versions=versions, now=self.now), "on_group_finished")
 
     def lose_one(self) -> None:
         uid = self.rng.choice(sorted(self.running))
@@ -110,31 +130,29 @@ class AdversarialDriver:
             self.prefix[uid] = {v0: self.rng.randint(1, 10)}
         else:
             self.prefix.pop(uid, None)
-        self.apply(self.p.on_group_lost(uid=uid, prefix_kept=keep, now=self.now))
+        self.lost.add(uid)
+        self.apply(self.p.on_group_lost(uid=uid, prefix_kept=keep, now=self.now), "on_group_lost")
 
     def sync(self) -> None:
         self.synced = self.published
-        self.apply(self.p.on_version_synced(version=self.synced, now=self.now))
+        self.apply(self.p.on_version_synced(version=self.synced, now=self.now), "on_version_synced")
 
     def try_train(self, out: Outcome) -> None:
         d = self.p.select_batch(step=self.step, now=self.now)
-        self.apply(d)
+        self.apply(d, "select_batch")  # a batch: train_batch books it and the trainer runs it
         if d.train is None:
             out.waits.append((self.step, self.p.num_done))
             if self.check_forced is not None:
                 msg = self.check_forced(self.p)
                 if msg:
                     out.forced_violations.append(msg)
-            return
-        self.ledger.train(self.step, [(uid, self.done_versions.pop(uid)) for uid in d.train])
-        self.training = d.train
 
     def step_done(self) -> None:
-        self.apply(self.p.on_step_done(step=self.step, now=self.now))
+        self.apply(self.p.on_step_done(step=self.step, now=self.now), "on_step_done")
         self.step += 1
         self.training = None
         self.published = self.step
-        self.apply(self.p.on_version_published(version=self.published, now=self.now))
+        self.apply(self.p.on_version_published(version=self.published, now=self.now), "on_version_published")
 
     # ----------------------------------------------------------------- loop
     def run(self, max_events: int = 200_000) -> Outcome:
@@ -166,7 +184,7 @@ class AdversarialDriver:
                 out.deadlock = True
                 break
             self.rng.choice(actions)()
-        self.apply(self.p.finish(now=self.now))
+        self.apply(self.p.finish(now=self.now), "finish")
         self.ledger.close()
         out.steps = self.step
         return out

@@ -1,6 +1,7 @@
 """A small scripted driver for policy tests: the test decides every event, the driver keeps the
 books (which groups run, their token versions, what was trained at which step) and applies each
-`Decision` the way the simulator and the runtime do. No clock, no engine model.
+`Decision` through `planner.driver.apply_decision`, as the simulator and the runtime do. No clock,
+no engine model.
 
     d = ScriptedDriver(policy)            # offers candidates and admits right away
     d.start(uid); d.tokens(uid, 5); d.finish(uid)
@@ -17,7 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from planner.base import PolicyBase
-from planner.types import Candidate, Decision
+from planner.driver import Held, apply_decision
+from planner.types import Admission, Candidate, Decision, Drop, Move
 
 
 class Deadlock(AssertionError):
@@ -54,7 +56,7 @@ class ScriptedDriver:
     trained: list[Trained] = field(default_factory=list)
     batches: list[list[int]] = field(default_factory=list)
     dropped: dict[int, str] = field(default_factory=dict)
-    trace: list[tuple] = field(default_factory=list)  # every decision, for replay comparisons
+    trace: list[tuple] = field(default_factory=list)  # (policy method, decision), for replay comparisons
     _next_uid: int = 0
     _pending: list[Candidate] = field(default_factory=list)
 
@@ -71,20 +73,40 @@ class ScriptedDriver:
                 decision.train,
             )
         )
-        for d in decision.drop:
-            self.dropped[d.uid] = d.reason
-            if d.uid in self.queued:
-                self.queued.remove(d.uid)
-            self.running.pop(d.uid, None)
-            self.done.pop(d.uid, None)
-        for a in decision.admit:
-            self.admitted.append(a.uid)
-            self.admit_versions[a.uid] = a.version
-            self.queued.append(a.uid)
-        if self.autostart:
+        apply_decision(self, decision, call=call, policy=self.policy.name)
+        if self.autostart:  # once the whole decision is applied, in admission order
             for a in decision.admit:
                 self.start(a.uid, readmit=False)
         return decision
+
+    # The DecisionHost hooks (planner.driver).
+    def held(self, uid: int) -> Held:
+        if uid in self.done:
+            return Held.DONE
+        if uid in self.running or uid in self.queued:
+            return Held.GENERATING
+        return Held.CANDIDATE if any(c.uid == uid for c in self._pending) else Held.NOTHING
+
+    def record_moves(self, moves: list[Move]) -> None:
+        pass  # no ledger
+
+    def drop_group(self, d: Drop) -> None:
+        self.dropped[d.uid] = d.reason
+        if d.uid in self.queued:
+            self.queued.remove(d.uid)
+        self.running.pop(d.uid, None)
+        self.done.pop(d.uid, None)
+
+    def train_batch(self, uids: list[int]) -> None:
+        for uid in uids:
+            self.trained.append(Trained(self.step, uid, self.done.pop(uid)))
+        self.batches.append(list(uids))
+
+    def admit_group(self, a: Admission) -> None:
+        self._pending = [c for c in self._pending if c.uid != a.uid]
+        self.admitted.append(a.uid)
+        self.admit_versions[a.uid] = a.version
+        self.queued.append(a.uid)
 
     def admit(self) -> list[int]:
         """Offer the next candidates of the data stream (skipped ones first), `offer` at a time,
@@ -95,10 +117,8 @@ class ScriptedDriver:
                 self._pending.append(Candidate(self._next_uid, prompt_id=self._next_uid))
                 self._next_uid += 1
             decision = self._apply("admit", self.policy.admit(now=0.0, candidates=list(self._pending)))
-            taken = {a.uid for a in decision.admit}
-            self._pending = [c for c in self._pending if c.uid not in taken]
             admitted += [a.uid for a in decision.admit]
-            if len(taken) < self.offer:
+            if len(decision.admit) < self.offer:
                 return admitted
 
     def _event(self, call: str, decision: Decision) -> Decision:
@@ -114,9 +134,9 @@ class ScriptedDriver:
         self.start_versions[uid] = version
         decision = self.policy.on_group_started(uid=uid, version=version, now=0.0)
         if readmit:
-            self._event("started", decision)
+            self._event("on_group_started", decision)
         else:
-            self._apply("started", decision)
+            self._apply("on_group_started", decision)
 
     def generating_version(self, uid: int) -> int:
         return self.synced if self.partial else self.start_versions[uid]
@@ -125,7 +145,7 @@ class ScriptedDriver:
         """Report `n` more tokens of a running group (default: on the version it generates with)."""
         version = self.generating_version(uid) if version is None else version
         self.running[uid][version] = self.running[uid].get(version, 0) + n
-        return self._event("tokens", self.policy.on_tokens(uid=uid, version=version, tokens=n, now=0.0))
+        return self._event("on_tokens", self.policy.on_tokens(uid=uid, version=version, tokens=n, now=0.0))
 
     def finish(self, uid: int, versions: dict[int, int] | None = None, last_versions: Iterable[int] = ()) -> Decision:
         """End generation: add one token on the generating version unless `versions` is given."""
@@ -137,7 +157,8 @@ class ScriptedDriver:
         self.done[uid] = dict(versions)
         last = tuple(last_versions) or (max(versions),) * self.policy.ctx.group_size
         pairs = sorted(versions.items())
-        return self._event("finished", self.policy.on_group_finished(uid=uid, versions=pairs, now=0.0, last_versions=last))
+        decision = self.policy.on_group_finished(uid=uid, versions=pairs, now=0.0, last_versions=last)
+        return self._event("on_group_finished", decision)
 
     def finish_all(self, uids: Iterable[int] | None = None) -> None:
         for uid in list(self.running if uids is None else uids):
@@ -145,23 +166,20 @@ class ScriptedDriver:
                 self.finish(uid)
 
     def engine_stats(self, kv_usage: float, queued: int = 0) -> Decision:
-        return self._event("stats", self.policy.on_engine_stats(kv_usage=kv_usage, queued=queued, now=0.0))
+        return self._event("on_engine_stats", self.policy.on_engine_stats(kv_usage=kv_usage, queued=queued, now=0.0))
 
     # ------------------------------------------------------------------ trainer
     def train_step(self) -> list[int] | None:
         """Ask for batch `step`; on a batch: record it, finish the step, publish (and sync)."""
         if self.synced < self.published:
             self.sync()  # a version syncs before the next step ends (sync lag ≤ 1)
-        decision = self._event("select", self.policy.select_batch(step=self.step, now=0.0))
-        if decision.train is None:
+        decision = self._event("select_batch", self.policy.select_batch(step=self.step, now=0.0))
+        if decision.train is None:  # else train_batch has booked it
             return None
-        for uid in decision.train:
-            self.trained.append(Trained(self.step, uid, self.done.pop(uid)))
-        self.batches.append(list(decision.train))
-        self._event("step_done", self.policy.on_step_done(step=self.step, now=0.0))
+        self._event("on_step_done", self.policy.on_step_done(step=self.step, now=0.0))
         self.step += 1
         self.published = self.step
-        self._event("published", self.policy.on_version_published(version=self.step, now=0.0))
+        self._event("on_version_published", self.policy.on_version_published(version=self.step, now=0.0))
         if self.auto_sync:
             self.sync()
         return decision.train
@@ -173,7 +191,7 @@ class ScriptedDriver:
             for uid in list(self.running):
                 if uid in self.running and self.start_versions[uid] <= old:
                     self.tokens(uid, 1, version=old)
-        self._event("synced", self.policy.on_version_synced(version=self.synced, now=0.0))
+        self._event("on_version_synced", self.policy.on_version_synced(version=self.synced, now=0.0))
 
     # ------------------------------------------------------------------ views
     @property
