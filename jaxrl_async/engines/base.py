@@ -20,6 +20,8 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from planner.driver import join_runs
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -106,8 +108,8 @@ class SampleOutput:
         precision. This is the quantity the importance ratio of RL off-policy correction needs;
         it is not the log-prob under the tempered/truncated sampling distribution.
       versions: the weight version that sampled each token of `token_ids`, run-length encoded
-        as [[version, count], ...] with counts summing to len(token_ids). With partial rollout a
-        sample can span several versions.
+        as [[version, count], ...] with counts summing to len(token_ids) (`planner.driver`'s
+        run helpers keep them). With partial rollout a sample can span several versions.
       finish_reason: "stop" (a stop token was sampled), "length" (max_new_tokens reached) or
         "abort"; None until done.
       done: True on the last piece of this sample.
@@ -130,19 +132,12 @@ def join_outputs(pieces: Iterable[SampleOutput]) -> SampleOutput:
     keys = {(p.request_id, p.sample_index) for p in pieces}
     if len(keys) != 1:
         raise ValueError(f"join_outputs: pieces of several samples {sorted(keys)}; join one sample at a time")
-    versions: list[list[int]] = []
-    for piece in pieces:
-        for version, count in piece.versions:
-            if versions and versions[-1][0] == version:
-                versions[-1][1] += count
-            else:
-                versions.append([version, count])
     last = pieces[-1]
     return SampleOutput(
         request_id=last.request_id, sample_index=last.sample_index,
         token_ids=[t for p in pieces for t in p.token_ids],
         logprobs=[x for p in pieces for x in p.logprobs],
-        versions=versions, finish_reason=last.finish_reason, done=last.done)
+        versions=join_runs(p.versions for p in pieces), finish_reason=last.finish_reason, done=last.done)
 
 
 @dataclass(frozen=True)

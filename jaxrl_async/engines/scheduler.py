@@ -13,6 +13,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from jaxrl_async.engines.base import FinishReason, GenerationRequest, SampleOutput
+from planner.driver import VersionRuns, append_run
 
 
 class RequestQueue:
@@ -68,16 +69,13 @@ class Sequence:
     generated: int = 0
     pending_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
-    pending_versions: list[list[int]] = field(default_factory=list)
+    pending_versions: VersionRuns = field(default_factory=list)
 
     def append(self, token: int, logprob: float, version: int) -> FinishReason | None:
         """Record a sampled token; returns why the sample ends, or None if it goes on."""
         self.pending_tokens.append(token)
         self.pending_logprobs.append(logprob)
-        if self.pending_versions and self.pending_versions[-1][0] == version:
-            self.pending_versions[-1][1] += 1
-        else:
-            self.pending_versions.append([version, 1])
+        append_run(self.pending_versions, version)
         self.generated += 1
         self.last_token = token
         self.position += 1

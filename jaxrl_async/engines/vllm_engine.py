@@ -47,6 +47,7 @@ from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEng
 from jaxrl_async.engines.vllm_compat import check_model_for_platform, check_vllm_api
 from jaxrl_async.engines.vllm_weights import WeightChecker, to_torch
 from jaxrl_async.transports import TRANSPORTS, make_transport
+from planner.driver import append_run
 
 SYNC_MODES = ("keep", "resubmit", "drain")
 
@@ -347,14 +348,8 @@ def _versions_from_spans(spans: Any, count: int, current: int) -> list[list[int]
         raise RuntimeError(f"vLLM returned {count} tokens without weight-version spans")
     out: list[list[int]] = []
     for span in spans:
-        n = span.end - span.start
-        if n <= 0:
-            continue
-        v = int(span.version)
-        if out and out[-1][0] == v:
-            out[-1][1] += n
-        else:
-            out.append([v, n])
+        if span.end > span.start:
+            append_run(out, int(span.version), span.end - span.start)
     if sum(n for _, n in out) != count:
         raise RuntimeError(f"vLLM version spans cover {sum(n for _, n in out)} tokens, the sample has {count}")
     return out

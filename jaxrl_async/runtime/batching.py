@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from jaxrl_async.runtime.rollouts import GroupRollout
 from jaxrl_async.trainer.batch import Sample as TrainSample
 from jaxrl_async.trainer.batch import TrainBatch, pad_batch
+from planner.driver import add_staleness
 
 
 def make_train_batch(groups: Sequence[GroupRollout], *, rows_multiple: int = 1) -> TrainBatch:
@@ -29,6 +30,5 @@ def batch_staleness(step: int, groups: Sequence[GroupRollout]) -> dict[int, int]
     """Trained tokens by staleness (step − generation version) in batch `step`."""
     hist: dict[int, int] = {}
     for group in groups:
-        for version, tokens in group.token_versions():
-            hist[step - version] = hist.get(step - version, 0) + tokens
+        add_staleness(hist, step, group.token_versions())
     return hist

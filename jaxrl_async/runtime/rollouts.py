@@ -11,11 +11,11 @@ request, so late pieces of its old request (aborted or not) are recognised and i
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 from jaxrl_async.engines.base import SampleOutput
+from planner.driver import VersionRuns, extend_runs, tokens_by_version
 from planner.types import Versions
 
 
@@ -25,17 +25,13 @@ class Sample:
 
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)  # behaviour log-prob of each token
-    versions: list[list[int]] = field(default_factory=list)  # run-length [[version, count], ...]
+    versions: VersionRuns = field(default_factory=list)  # run-length [[version, count], ...]
     finish_reason: str | None = None  # set when the sample is done
 
     def extend(self, piece: SampleOutput) -> None:
         self.token_ids += piece.token_ids
         self.logprobs += piece.logprobs
-        for version, count in piece.versions:
-            if self.versions and self.versions[-1][0] == version:
-                self.versions[-1][1] += count
-            else:
-                self.versions.append([version, count])
+        extend_runs(self.versions, piece.versions)
         if piece.done:
             self.finish_reason = piece.finish_reason or "stop"
 
@@ -67,11 +63,7 @@ class GroupRollout:
 
     def token_versions(self) -> Versions:
         """Tokens by generation version over all samples, oldest version first (ledger `versions`)."""
-        counts: Counter[int] = Counter()
-        for s in self.samples:
-            for version, count in s.versions:
-                counts[version] += count
-        return sorted(counts.items())
+        return tokens_by_version(s.versions for s in self.samples)
 
     def last_versions(self) -> list[int]:
         """Version of each sample's last token (dressage's L3 reads it)."""
