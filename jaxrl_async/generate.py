@@ -23,14 +23,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jaxrl_async.models.loading import ModelSpec
+from planner.configs import build, check
+
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 OUTPUTS = ("text", "json")
 
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    model_source: str  # a registered name, a HF directory or a .gguf file
-    model_dtype: str | None
+    model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
     prompt: str
     max_new_tokens: int
     temperature: float
@@ -41,24 +43,16 @@ class GenerateConfig:
     output: str  # "text" | "json"
 
     def __post_init__(self) -> None:
-        if self.output not in OUTPUTS:
-            raise ValueError(f"output={self.output!r}: must be one of {OUTPUTS}")
-        if not isinstance(self.chat, bool):
-            raise ValueError(f"chat={self.chat!r}: must be true or false")
+        check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")
+        check(isinstance(self.chat, bool), "chat", self.chat, "must be true or false")
 
 
 def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
-    from jaxrl_async.configs import build_dataclass
-
-    cfg = dict(cfg)
-    model = cfg.pop("model", None)
-    if not isinstance(model, dict) or "source" not in model:
-        raise ValueError(f"model={model!r}: choose one with model=NAME (conf/model/*.yaml)")
-    unknown = sorted(set(model) - {"source", "dtype"})
-    if unknown:
-        raise ValueError(f"model.{unknown[0]}: unknown key (known: dtype, source)")
-    return build_dataclass(GenerateConfig, {"model_source": str(model["source"]),
-                                            "model_dtype": model.get("dtype"), **cfg}, "generate")
+    """The composed `conf/generate.yaml` -> `GenerateConfig`; every problem is a one-line ValueError."""
+    model = cfg.get("model")
+    check(isinstance(model, dict) and "source" in model, "model", model,
+          "choose one with model=NAME (conf/model/*.yaml)")
+    return build(GenerateConfig, {**cfg, "model": {**model, "source": str(model["source"])}}, "")
 
 
 def generate(config: GenerateConfig) -> dict[str, Any]:
@@ -67,10 +61,10 @@ def generate(config: GenerateConfig) -> dict[str, Any]:
     from jaxrl_async.engines.core import EngineConfig, EngineCore
     from jaxrl_async.models.loading import load_model
 
-    loaded = load_model(config.model_source, dtype=config.model_dtype)
+    loaded = load_model(config.model.source, dtype=config.model.dtype)
     tok = loaded.tokenizer
     if tok is None:
-        raise ValueError(f"model.source={config.model_source!r}: has no tokenizer.json; cannot encode a text prompt")
+        raise ValueError(f"model.source={config.model.source!r}: has no tokenizer.json; cannot encode a text prompt")
     if config.chat and tok.chat_template:
         text = tok.apply_chat_template([{"role": "user", "content": config.prompt}])
         prompt_ids = tok.encode(text, add_bos=False)  # the template writes its own specials

@@ -44,17 +44,11 @@ ENGINES = ("jax", "vllm")
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    source: str  # a registered name, a HF directory or a .gguf file (models/loading.py)
-    dtype: str | None = None
-
-
-@dataclass(frozen=True)
 class TrainSetup:
     """Everything a run needs, typed and validated; built once by `typed_config`."""
 
     run: Any  # RunConfig
-    model: ModelSpec
+    model: Any  # models.loading.ModelSpec
     task: dict[str, Any]  # checked by `build_task`
     policy_name: str
     policy_overrides: dict[str, Any]  # native parameters that are not null
@@ -66,11 +60,13 @@ class TrainSetup:
 
 def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     """The composed config -> `TrainSetup`; every problem is a one-line ValueError."""
+    from jaxrl_async.cluster.config import cluster_config
     from jaxrl_async.engines.core import EngineConfig
     from jaxrl_async.engines.vllm_engine import VllmEngineConfig
-    from jaxrl_async.configs import build_dataclass
-    from jaxrl_async.runtime.config import ClusterConfig, RunConfig
+    from jaxrl_async.models.loading import ModelSpec
+    from jaxrl_async.runtime.config import RunConfig
     from jaxrl_async.trainer.config import TrainerConfig
+    from planner.configs import build
     from planner.registry import make_policy
     from planner.types import PlanContext
 
@@ -80,9 +76,9 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     if missing:
         raise ValueError(f"{missing[0]}: config group missing (choose one with {missing[0]}=NAME)")
     groups = {g: dict(plain.pop(g)) for g in GROUPS}
-    run = RunConfig.from_mapping(plain)
-    cluster = ClusterConfig.from_mapping(groups["cluster"])
-    model = build_dataclass(ModelSpec, groups["model"], "model")
+    run = build(RunConfig, plain, "")
+    cluster = cluster_config(groups["cluster"])
+    model = build(ModelSpec, groups["model"], "model")
     policy = groups["policy"]
     name = policy.pop("name", None)
     if not isinstance(name, str):
@@ -93,10 +89,10 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     engine_values = groups["engine"]
     engine_name = engine_values.pop("name", "jax")
     if engine_name == "jax":
-        engine = build_dataclass(EngineConfig, engine_values, "engine")
+        engine = build(EngineConfig, engine_values, "engine")
         slots_key, slots = "num_slots", engine.num_slots
     elif engine_name == "vllm":
-        engine = VllmEngineConfig.from_dict(engine_values)
+        engine = build(VllmEngineConfig, engine_values, "engine")
         slots_key, slots = "max_num_seqs", engine.max_num_seqs
     else:
         raise ValueError(f"engine.name={engine_name!r}: must be one of {ENGINES} (conf/engine/*.yaml)")
@@ -110,7 +106,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     if slots < run.group_size:
         raise ValueError(f"engine.{slots_key}={slots}: must be >= group_size={run.group_size} "
                          "(a group's samples are decoded together)")
-    trainer = TrainerConfig.from_dict(groups["trainer"])
+    trainer = build(TrainerConfig, groups["trainer"], "trainer")
     return TrainSetup(run, model, groups["task"], name, overrides, engine_name, engine, trainer, cluster)
 
 

@@ -30,9 +30,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from jaxrl_async.configs import build_dataclass
+from planner.configs import check
 
 MODES = ("auto", "none", "explicit", "slurm", "tpu")
 CPU_COLLECTIVES = ("gloo", "mpi", "none")
@@ -63,21 +62,13 @@ class DistributedConfig:
     initialization_timeout_s: int = 300
 
     def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"cluster.distributed.mode={self.mode!r}: must be one of {MODES}")
-        if self.cpu_collectives not in CPU_COLLECTIVES:
-            raise ValueError(f"cluster.distributed.cpu_collectives={self.cpu_collectives!r}: "
-                             f"must be one of {CPU_COLLECTIVES}")
-        if self.num_processes is not None and self.num_processes < 1:
-            raise ValueError(f"cluster.distributed.num_processes={self.num_processes}: must be >= 1")
-        if self.process_id is not None and self.num_processes is not None and \
-                not 0 <= self.process_id < self.num_processes:
-            raise ValueError(f"cluster.distributed.process_id={self.process_id}: must be in "
-                             f"[0, num_processes={self.num_processes})")
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any] | None) -> DistributedConfig:
-        return build_dataclass(cls, dict(values or {}), "cluster.distributed")
+        p = "cluster.distributed"
+        check(self.mode in MODES, f"{p}.mode", self.mode, f"must be one of {MODES}")
+        check(self.cpu_collectives in CPU_COLLECTIVES, f"{p}.cpu_collectives", self.cpu_collectives,
+              f"must be one of {CPU_COLLECTIVES}")
+        n, rank = self.num_processes, self.process_id
+        check(n is None or n >= 1, f"{p}.num_processes", n, "must be >= 1")
+        check(rank is None or n is None or 0 <= rank < n, f"{p}.process_id", rank, f"must be in [0, num_processes={n})")
 
 
 @dataclass(frozen=True)

@@ -23,13 +23,14 @@ Left out: autoscaling, and moving in-flight prefixes between workers (lost reque
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxrl_async.configs import build_dataclass
+from jaxrl_async.cluster.distributed import DistributedConfig
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, least_loaded, read_outputs)
+from planner.configs import check
 
 ENGINES = ("jax", "vllm")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -58,20 +59,13 @@ class RayClusterConfig:
     strategy: str = "PACK"
     restart_lost: bool = True
     placement_timeout_s: float = 60
-    distributed: dict = field(default_factory=dict)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self) -> None:
-        if self.num_workers < 1:
-            raise ValueError(f"cluster.num_workers={self.num_workers}: must be >= 1")
-        if self.gpus_per_worker < 0 or self.cpus_per_worker < 0:
-            raise ValueError(f"cluster.gpus_per_worker={self.gpus_per_worker}, cpus_per_worker="
-                             f"{self.cpus_per_worker}: must be >= 0")
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"cluster.strategy={self.strategy!r}: must be one of {STRATEGIES}")
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> RayClusterConfig:
-        return build_dataclass(cls, {k: v for k, v in dict(values).items() if k != "name"}, "cluster (ray)")
+        check(self.num_workers >= 1, "cluster.num_workers", self.num_workers, "must be >= 1")
+        for name in ("gpus_per_worker", "cpus_per_worker"):
+            check(getattr(self, name) >= 0, f"cluster.{name}", getattr(self, name), "must be >= 0")
+        check(self.strategy in STRATEGIES, "cluster.strategy", self.strategy, f"must be one of {STRATEGIES}")
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from planner.configs import check
 from planner.driver import join_runs
 
 FinishReason = Literal["stop", "length", "abort"]
@@ -53,18 +54,15 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens={self.max_new_tokens!r}: must be an int >= 1")
-        if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"SamplingParams.temperature={self.temperature!r}: must be >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p={self.top_p!r}: must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"SamplingParams.top_k={self.top_k!r}: must be an int >= 0 (0 = off)")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"SamplingParams.n={self.n!r}: must be an int >= 1")
-        if self.seed is not None and not 0 <= self.seed < 2**32:
-            raise ValueError(f"SamplingParams.seed={self.seed!r}: must be None or in [0, 2**32)")
+        p = "SamplingParams"
+        check(isinstance(self.max_new_tokens, int) and self.max_new_tokens >= 1, f"{p}.max_new_tokens",
+              self.max_new_tokens, "must be an int >= 1")
+        check(math.isfinite(self.temperature) and self.temperature >= 0, f"{p}.temperature", self.temperature,
+              "must be >= 0 (0 = greedy)")
+        check(0 < self.top_p <= 1, f"{p}.top_p", self.top_p, "must be in (0, 1]")
+        check(isinstance(self.top_k, int) and self.top_k >= 0, f"{p}.top_k", self.top_k, "must be an int >= 0 (0 = off)")
+        check(isinstance(self.n, int) and self.n >= 1, f"{p}.n", self.n, "must be an int >= 1")
+        check(self.seed is None or 0 <= self.seed < 2**32, f"{p}.seed", self.seed, "must be None or in [0, 2**32)")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
 
 

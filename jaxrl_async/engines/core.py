@@ -59,6 +59,7 @@ from jaxrl_async.engines.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
 from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
+from planner.configs import check
 
 SyncMode = Literal["partial", "drain"]
 
@@ -114,20 +115,17 @@ class EngineConfig:
     colocate: bool = True
 
     def __post_init__(self) -> None:
+        p = "EngineConfig"
         for name in ("num_slots", "max_len", "min_bucket", "replicas", "tensor_parallel"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"EngineConfig.{name}={value!r}: must be an int >= 1")
-        if self.min_bucket > self.max_len:
-            raise ValueError(f"EngineConfig.min_bucket={self.min_bucket}: must be <= max_len={self.max_len}")
-        if self.sync_mode not in ("partial", "drain"):
-            raise ValueError(f"EngineConfig.sync_mode={self.sync_mode!r}: must be 'partial' or 'drain'")
-        if not isinstance(self.stream_every, int) or self.stream_every < 0:
-            raise ValueError(f"EngineConfig.stream_every={self.stream_every!r}: must be an int >= 0")
-        if self.cache_dtype is not None and self.cache_dtype not in DTYPES:
-            raise ValueError(f"EngineConfig.cache_dtype={self.cache_dtype!r}: must be None or one of {DTYPES}")
-        if not isinstance(self.colocate, bool):
-            raise ValueError(f"EngineConfig.colocate={self.colocate!r}: must be true or false")
+            check(isinstance(value, int) and value >= 1, f"{p}.{name}", value, "must be an int >= 1")
+        check(self.min_bucket <= self.max_len, f"{p}.min_bucket", self.min_bucket, f"must be <= max_len={self.max_len}")
+        check(self.sync_mode in ("partial", "drain"), f"{p}.sync_mode", self.sync_mode, "must be 'partial' or 'drain'")
+        check(isinstance(self.stream_every, int) and self.stream_every >= 0, f"{p}.stream_every", self.stream_every,
+              "must be an int >= 0")
+        check(self.cache_dtype is None or self.cache_dtype in DTYPES, f"{p}.cache_dtype", self.cache_dtype,
+              f"must be None or one of {DTYPES}")
+        check(isinstance(self.colocate, bool), f"{p}.colocate", self.colocate, "must be true or false")
 
     def buckets(self) -> list[int]:
         """Prefill lengths: min_bucket, 2*min_bucket, ... capped by max_len."""

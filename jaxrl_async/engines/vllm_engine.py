@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jaxrl_async.configs import build_dataclass
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, read_outputs)
 from jaxrl_async.engines.vllm_compat import check_model_for_platform, check_vllm_api
 from jaxrl_async.engines.vllm_weights import WeightChecker, to_torch
 from jaxrl_async.transports import TRANSPORTS, make_transport
+from planner.configs import build, check
 from planner.driver import append_run
 
 SYNC_MODES = ("keep", "resubmit", "drain")
@@ -88,17 +88,10 @@ class VllmEngineConfig:
     engine_args: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.sync_mode not in SYNC_MODES:
-            raise ValueError(f"engine.sync_mode={self.sync_mode!r}: must be one of {SYNC_MODES}")
-        if self.transport not in TRANSPORTS:
-            raise ValueError(f"engine.transport={self.transport!r}: must be one of {sorted(TRANSPORTS)}")
+        check(self.sync_mode in SYNC_MODES, "engine.sync_mode", self.sync_mode, f"must be one of {SYNC_MODES}")
+        check(self.transport in TRANSPORTS, "engine.transport", self.transport, f"must be one of {sorted(TRANSPORTS)}")
         for name in ("max_num_seqs", "max_model_len", "tensor_parallel_size"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"engine.{name}={getattr(self, name)!r}: must be >= 1")
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> VllmEngineConfig:
-        return build_dataclass(cls, {k: v for k, v in dict(values).items() if k != "name"}, "engine (vllm)")
+            check(getattr(self, name) >= 1, f"engine.{name}", getattr(self, name), "must be >= 1")
 
 
 @dataclass
@@ -361,7 +354,7 @@ def make_engine(cfg: Mapping[str, Any] | VllmEngineConfig, loaded_model: Any, ve
     `.model` and `.cfg`)."""
     from jaxrl_async.models.hf_weights import save_hf
 
-    config = cfg if isinstance(cfg, VllmEngineConfig) else VllmEngineConfig.from_dict(cfg)
+    config = cfg if isinstance(cfg, VllmEngineConfig) else build(VllmEngineConfig, cfg, "engine")
     model_dir = Path(config.model_dir or tempfile.mkdtemp(prefix="jaxrl-vllm-model-"))
     save_hf(loaded_model.model, loaded_model.cfg, model_dir)
     return VllmEngine(model_dir, WeightChecker(loaded_model.model, loaded_model.cfg), config, version)

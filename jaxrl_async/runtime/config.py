@@ -1,34 +1,25 @@
 """`RunConfig`: the typed, validated top level of `conf/train.yaml` (DESIGN §8 command line).
 
-Hydra composes the YAML; `RunConfig.from_mapping` turns the top-level keys (everything that is
-not a config group) into one frozen dataclass, once, at the entry point (STYLE brief 3). The
+Hydra composes the YAML; `planner.configs.build(RunConfig, top_level, "")` turns the top-level
+keys (everything that is not a config group) into one frozen dataclass, once, at the entry point
+(STYLE brief 3, `train.typed_config`). The
 default values live in one place, `conf/train.yaml` (Hydra needs every overridable key there);
 the fields here have none. Unknown or missing keys are an error naming the key.
 
 How to add a knob: add a field with a default and a comment, check it in `__post_init__`, add it
 to `conf/train.yaml`, read it where it is used.
 
-`ClusterConfig` types the `cluster=` group the same way: `local` (one process), `ray` (generation
-on Ray actors, conf/cluster/ray.yaml) or `slurm` (conf/cluster/slurm.yaml); each carries the
-multi-host JAX settings (`cluster.distributed`, jaxrl_async/cluster/distributed.py). To add a
-mode: a `conf/cluster/<name>.yaml`, its name in CLUSTER_MODES and its keys in `from_mapping`.
+The `cluster=` group is typed apart, in jaxrl_async/cluster/config.py: the runtime does not
+depend on where its processes run.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
-from jaxrl_async.configs import build_dataclass
+from planner.configs import check
 
 PROGRESS_MODES = ("auto", "rich", "plain", "off")
-CLUSTER_MODES = ("local", "ray", "slurm")
-
-
-def _require(ok: bool, name: str, value: Any, rule: str) -> None:
-    if not ok:
-        raise ValueError(f"{name}={value!r}: {rule}")
 
 
 @dataclass(frozen=True)
@@ -54,53 +45,22 @@ class RunConfig:
     record_events: bool  # write every policy call to policy_events.jsonl (parity replay)
 
     def __post_init__(self) -> None:
-        _require(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),
-                 "max_staleness", self.max_staleness, "must be an int >= 0 or null (unbounded)")
+        check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),
+              "max_staleness", self.max_staleness, "must be an int >= 0 or null (unbounded)")
         for name in ("batch_groups", "group_size", "steps", "max_new_tokens", "keep_checkpoints"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 1, name, value, "must be an int >= 1")
+            check(isinstance(value, int) and value >= 1, name, value, "must be an int >= 1")
         for name in ("seed", "admission_window", "checkpoint_every"):
             value = getattr(self, name)
-            _require(isinstance(value, int) and value >= 0, name, value, "must be an int >= 0")
-        _require(self.temperature > 0, "temperature", self.temperature,
-                 "must be > 0 (RL needs sampling; the behaviour log-probs are at temperature 1)")
-        _require(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
-        _require(self.progress in PROGRESS_MODES, "progress", self.progress, f"must be one of {PROGRESS_MODES}")
-        _require(self.resume is None or isinstance(self.resume, (bool, str)), "resume", self.resume,
-                 "must be true, false/null or a run directory")
+            check(isinstance(value, int) and value >= 0, name, value, "must be an int >= 0")
+        check(self.temperature > 0, "temperature", self.temperature,
+              "must be > 0 (RL needs sampling; the behaviour log-probs are at temperature 1)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(self.progress in PROGRESS_MODES, "progress", self.progress, f"must be one of {PROGRESS_MODES}")
+        check(self.resume is None or isinstance(self.resume, (bool, str)), "resume", self.resume,
+              "must be true, false/null or a run directory")
 
     @property
     def window(self) -> int:
         """Candidates shown to `policy.admit` at once."""
         return self.admission_window or 2 * self.batch_groups
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> RunConfig:
-        return build_dataclass(cls, values, "train")
-
-
-@dataclass(frozen=True)
-class ClusterConfig:
-    """The `cluster=` group: where generation runs and how the trainer's processes join."""
-
-    name: str  # one of CLUSTER_MODES
-    # DistributedConfig: multi-host JAX for the trainer. `local` takes the default (mode auto), so
-    # the multiprocess / sbatch / tpu launchers' environment (JAXRL_*, SLURM_*, TPU) still applies.
-    distributed: Any
-    ray: Any = None  # RayClusterConfig (cluster=ray only): the generation workers
-
-    @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> ClusterConfig:
-        from jaxrl_async.cluster.distributed import DistributedConfig
-        from jaxrl_async.cluster.ray import RayClusterConfig
-
-        values = dict(values)
-        name = values.pop("name", None)
-        _require(name in CLUSTER_MODES, "cluster.name", name, f"must be one of {CLUSTER_MODES} (conf/cluster/*.yaml)")
-        if name == "ray":
-            ray = RayClusterConfig.from_dict(values)
-            return cls(name, DistributedConfig.from_dict(ray.distributed), ray)
-        unknown = sorted(set(values) - {"distributed"})
-        if unknown:
-            raise ValueError(f"cluster.{unknown[0]}: unknown key for cluster={name} (known: distributed)")
-        return cls(name, DistributedConfig.from_dict(values.get("distributed")))

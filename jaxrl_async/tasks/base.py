@@ -24,6 +24,7 @@ from typing import Any, ClassVar
 from jaxrl_async.tasks.rewards import RewardResult, RewardRunner, load_reward_fn
 from jaxrl_async.tasks.stream import PromptStream
 from jaxrl_async.tokenizer import Tokenizer
+from planner.configs import build, check
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,7 @@ class TaskConfig:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             _check_type(f.name, getattr(self, f.name), hints[f.name])
-        if not self.reward_timeout_s > 0:
-            raise ValueError(f"task.reward_timeout_s={self.reward_timeout_s!r}: must be > 0")
+        check(self.reward_timeout_s > 0, "task.reward_timeout_s", self.reward_timeout_s, "must be > 0")
 
 
 def _check_type(key: str, value: Any, hint: Any) -> None:
@@ -75,9 +75,8 @@ def _check_type(key: str, value: Any, hint: Any) -> None:
         else isinstance(value, int) and not isinstance(value, bool) if t is int
         else isinstance(value, t)
         for t in allowed)
-    if not ok:
-        names = " | ".join("None" if t is type(None) else t.__name__ for t in allowed)
-        raise ValueError(f"task.{key}={value!r}: must be {names}")
+    names = " | ".join("None" if t is type(None) else t.__name__ for t in allowed)
+    check(ok, f"task.{key}", value, f"must be {names}")
 
 
 class Task(abc.ABC):
@@ -145,11 +144,6 @@ def build_task(cfg: Mapping[str, Any]) -> Task:
     """`{"name": <registered task>, **its config keys}` (a `conf/task/*.yaml`) -> the task."""
     values = dict(cfg)
     name = values.pop("name", None)
-    if name not in TASKS:
-        raise ValueError(f"task.name={name!r}: not a registered task; registered: {sorted(TASKS)}")
+    check(name in TASKS, "task.name", name, f"not a registered task; registered: {sorted(TASKS)}")
     cls = TASKS[name]
-    known = sorted(f.name for f in dataclasses.fields(cls.config_class))
-    unknown = sorted(set(values) - set(known))
-    if unknown:
-        raise ValueError(f"task.{unknown[0]}: unknown key for task {name!r}; known keys: {known}")
-    return cls(cls.config_class(**values))
+    return cls(build(cls.config_class, values, "task", what=f"key for task {name!r}"))

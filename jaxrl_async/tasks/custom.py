@@ -12,6 +12,7 @@ from pathlib import Path
 
 from jaxrl_async.tasks.base import Example, Prompt, Task, TaskConfig, register_task
 from jaxrl_async.tasks.jsonl import read_jsonl
+from planner.configs import check
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,9 +21,8 @@ class CustomConfig(TaskConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.path is None:
-            raise ValueError("task.path=None: task 'custom' needs a JSONL file of "
-                             '{"prompt": ..., "answer": ...} lines (task.path=FILE)')
+        check(self.path is not None, "task.path", self.path,
+              "task 'custom' needs a JSONL file of " '{"prompt": ..., "answer": ...} lines (task.path=FILE)')
 
 
 @register_task

@@ -31,16 +31,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from jaxrl_async.tasks.base import Example, Prompt, Task, TaskConfig, register_task
+from planner.configs import check
 
 
 def _check_alphabet(alphabet: str) -> None:
-    if not alphabet or len(set(alphabet)) != len(alphabet) or any(c.isspace() for c in alphabet):
-        raise ValueError(f"task.alphabet={alphabet!r}: must be non-empty, without repeats or whitespace")
-
-
-def _check_positive(key: str, value: int) -> None:
-    if value < 1:
-        raise ValueError(f"task.{key}={value!r}: must be >= 1")
+    ok = alphabet and len(set(alphabet)) == len(alphabet) and not any(c.isspace() for c in alphabet)
+    check(bool(ok), "task.alphabet", alphabet, "must be non-empty, without repeats or whitespace")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,7 +47,7 @@ class RepeatLetterConfig(TaskConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_alphabet(self.alphabet)
-        _check_positive("num_prompts", self.num_prompts)
+        check(self.num_prompts >= 1, "task.num_prompts", self.num_prompts, "must be >= 1")
 
 
 @register_task
@@ -82,10 +78,9 @@ class CopyStringConfig(TaskConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_alphabet(self.alphabet)
-        _check_positive("min_len", self.min_len)
-        _check_positive("num_prompts", self.num_prompts)
-        if self.max_len < self.min_len:
-            raise ValueError(f"task.max_len={self.max_len!r}: must be >= min_len={self.min_len!r}")
+        for name in ("min_len", "num_prompts"):
+            check(getattr(self, name) >= 1, f"task.{name}", getattr(self, name), "must be >= 1")
+        check(self.max_len >= self.min_len, "task.max_len", self.max_len, f"must be >= min_len={self.min_len!r}")
 
 
 @register_task

@@ -1,18 +1,18 @@
 """`TrainerConfig`: the typed form of a `conf/trainer/*.yaml` group.
 
-The YAML holds four sections (`loss`, `optim`, `mesh`, and the step's own keys); `from_dict` turns the
-composed dict into frozen dataclasses and refuses unknown keys, naming them and the known ones.
+The YAML holds four sections (`loss`, `optim`, `mesh`, and the step's own keys);
+`planner.configs.build(TrainerConfig, values, "trainer")` turns the composed dict into these
+frozen dataclasses (the sections too) and refuses unknown keys, naming them and the known ones.
 Defaults live only in the dataclasses.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
 
-from jaxrl_async.configs import build_dataclass
 from jaxrl_async.trainer.losses import LossConfig
 from jaxrl_async.trainer.optim import OptimConfig
+from planner.configs import check
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -34,8 +34,8 @@ class MeshConfig:
     def __post_init__(self) -> None:
         for name in ("data", "fsdp", "tensor"):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"trainer.mesh.{name}={value!r}: must be an int >= 1")
+            check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"trainer.mesh.{name}", value,
+                  "must be an int >= 1")
 
     @property
     def size(self) -> int:
@@ -55,16 +55,7 @@ class TrainerConfig:
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def __post_init__(self) -> None:
-        if not isinstance(self.num_microbatches, int) or self.num_microbatches < 1:
-            raise ValueError(f"TrainerConfig.num_microbatches={self.num_microbatches!r}: must be an int >= 1")
-        if self.compute_dtype not in COMPUTE_DTYPES:
-            raise ValueError(f"TrainerConfig.compute_dtype={self.compute_dtype!r}: must be one of {COMPUTE_DTYPES}")
-
-    @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> TrainerConfig:
-        """From a plain dict (e.g. `OmegaConf.to_container(cfg.trainer)`); unknown keys raise."""
-        values = dict(values)
-        loss = build_dataclass(LossConfig, values.pop("loss", None) or {}, "trainer.loss")
-        optim = build_dataclass(OptimConfig, values.pop("optim", None) or {}, "trainer.optim")
-        mesh = build_dataclass(MeshConfig, values.pop("mesh", None) or {}, "trainer.mesh")
-        return build_dataclass(cls, {**values, "loss": loss, "optim": optim, "mesh": mesh}, "trainer")
+        check(isinstance(self.num_microbatches, int) and self.num_microbatches >= 1, "TrainerConfig.num_microbatches",
+              self.num_microbatches, "must be an int >= 1")
+        check(self.compute_dtype in COMPUTE_DTYPES, "TrainerConfig.compute_dtype", self.compute_dtype,
+              f"must be one of {COMPUTE_DTYPES}")

@@ -53,6 +53,8 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from planner.configs import check
+
 ADVANTAGES: dict[str, Callable] = {}
 AGGREGATIONS: dict[str, Callable] = {}
 OFF_POLICY: dict[str, Callable] = {}
@@ -97,21 +99,16 @@ class LossConfig:
         for field, registry in (("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS),
                                 ("off_policy", OFF_POLICY)):
             value = getattr(self, field)
-            if value not in registry:
-                raise ValueError(f"LossConfig.{field}={value!r}: must be one of {sorted(registry)}")
+            check(value in registry, f"LossConfig.{field}", value, f"must be one of {sorted(registry)}")
         for field in ("eps_low", "eps_high", "kl_coef", "adv_eps"):
-            if getattr(self, field) < 0:
-                raise ValueError(f"LossConfig.{field}={getattr(self, field)!r}: must be >= 0")
-        if self.eps_low >= 1:
-            raise ValueError(f"LossConfig.eps_low={self.eps_low!r}: must be < 1 (lower clip 1 - eps_low > 0)")
-        if self.tis_cap <= 0:
-            raise ValueError(f"LossConfig.tis_cap={self.tis_cap!r}: must be > 0")
-        if self.decoupled_is_cap is not None and self.decoupled_is_cap <= 0:
-            raise ValueError(f"LossConfig.decoupled_is_cap={self.decoupled_is_cap!r}: must be > 0 or None")
-        if self.aggregation == "drgrpo" and (self.norm_len is None or self.norm_len <= 0):
-            raise ValueError(
-                f"LossConfig.norm_len={self.norm_len!r}: aggregation='drgrpo' needs a positive "
-                "constant normalizer (set it to the generation's max new tokens)")
+            check(getattr(self, field) >= 0, f"LossConfig.{field}", getattr(self, field), "must be >= 0")
+        check(self.eps_low < 1, "LossConfig.eps_low", self.eps_low, "must be < 1 (lower clip 1 - eps_low > 0)")
+        check(self.tis_cap > 0, "LossConfig.tis_cap", self.tis_cap, "must be > 0")
+        check(self.decoupled_is_cap is None or self.decoupled_is_cap > 0, "LossConfig.decoupled_is_cap",
+              self.decoupled_is_cap, "must be > 0 or None")
+        check(self.aggregation != "drgrpo" or (self.norm_len is not None and self.norm_len > 0), "LossConfig.norm_len",
+              self.norm_len, "aggregation='drgrpo' needs a positive constant normalizer (set it to the generation's "
+              "max new tokens)")
 
 
 # ---------------------------------------------------------------- advantages

@@ -14,6 +14,8 @@ from typing import Any
 import jax
 import optax
 
+from planner.configs import check
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -28,24 +30,19 @@ class OptimConfig:
     max_grad_norm: float | None = 1.0  # clip the global gradient norm to it; None = no clipping
 
     def __post_init__(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"OptimConfig.lr={self.lr!r}: must be > 0")
-        if self.warmup_steps < 0 or self.total_steps <= 0:
-            raise ValueError(
-                f"OptimConfig warmup_steps={self.warmup_steps!r}, total_steps={self.total_steps!r}: "
-                "need warmup_steps >= 0 and total_steps > 0")
+        check(self.lr > 0, "OptimConfig.lr", self.lr, "must be > 0")
+        check(self.warmup_steps >= 0, "OptimConfig.warmup_steps", self.warmup_steps, "must be >= 0")
+        check(self.total_steps > 0, "OptimConfig.total_steps", self.total_steps, "must be > 0")
         if self.warmup_steps > self.total_steps:
             raise ValueError(
                 f"OptimConfig.warmup_steps={self.warmup_steps} > total_steps={self.total_steps}: "
                 "the warm-up is part of the schedule")
-        if not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"OptimConfig.min_lr_ratio={self.min_lr_ratio!r}: must be in [0, 1]")
-        if not (0 <= self.b1 < 1 and 0 <= self.b2 < 1):
-            raise ValueError(f"OptimConfig b1={self.b1!r}, b2={self.b2!r}: must be in [0, 1)")
-        if self.weight_decay < 0:
-            raise ValueError(f"OptimConfig.weight_decay={self.weight_decay!r}: must be >= 0")
-        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
-            raise ValueError(f"OptimConfig.max_grad_norm={self.max_grad_norm!r}: must be > 0 or None")
+        check(0 <= self.min_lr_ratio <= 1, "OptimConfig.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
+        for name in ("b1", "b2"):
+            check(0 <= getattr(self, name) < 1, f"OptimConfig.{name}", getattr(self, name), "must be in [0, 1)")
+        check(self.weight_decay >= 0, "OptimConfig.weight_decay", self.weight_decay, "must be >= 0")
+        check(self.max_grad_norm is None or self.max_grad_norm > 0, "OptimConfig.max_grad_norm", self.max_grad_norm,
+              "must be > 0 or None")
 
 
 def make_schedule(cfg: OptimConfig) -> optax.Schedule:

@@ -14,11 +14,12 @@ from jaxrl_async.trainer.batch import pad_batch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.trainer import Trainer
 from planner.audit import audit
+from planner.configs import build
 from tests.jaxrl_async.train_runs import StepProbe, make_job, read_jsonl
 
 
 def trained_trainer(steps: int) -> Trainer:
-    trainer = Trainer(load_model("tiny").model, TrainerConfig.from_dict({"optim": {"lr": 1e-2}}))
+    trainer = Trainer(load_model("tiny").model, build(TrainerConfig, {"optim": {"lr": 1e-2}}, "trainer"))
     rows = [([1, 2, 3], [4, 5], [-1.0, -2.0], float(i % 2), i // 2) for i in range(8)]
     for _ in range(steps):
         trainer.step(pad_batch(rows))
@@ -45,7 +46,7 @@ def test_a_checkpoint_saved_on_four_devices_restores_onto_a_two_device_mesh(tmp_
     from jaxrl_async.sharding import make_mesh
 
     rows = [([1, 2, 3], [4, 5], [-1.0, -2.0], float(i % 2), i // 2) for i in range(8)]
-    cfg = TrainerConfig.from_dict({"optim": {"lr": 1e-2}})
+    cfg = build(TrainerConfig, {"optim": {"lr": 1e-2}}, "trainer")
     four = Trainer(load_model("tiny").model, cfg, mesh=make_mesh(fsdp=2, tensor=2))
     for _ in range(2):
         four.step(pad_batch(rows))

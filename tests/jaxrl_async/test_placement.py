@@ -9,6 +9,7 @@ import pytest
 
 from jaxrl_async.cluster.placement import plan_placement
 from jaxrl_async.trainer.config import MeshConfig, TrainerConfig
+from planner.configs import build
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,8 @@ def test_too_few_devices_is_one_line_naming_the_keys():
 
 
 def test_mesh_keys_are_typed_and_checked():
-    assert TrainerConfig.from_dict({"mesh": {"fsdp": 2}}).mesh == MeshConfig(fsdp=2)
+    assert build(TrainerConfig, {"mesh": {"fsdp": 2}}, "trainer").mesh == MeshConfig(fsdp=2)
     with pytest.raises(ValueError, match=r"trainer.mesh.tensor=0: must be an int >= 1"):
-        TrainerConfig.from_dict({"mesh": {"tensor": 0}})
-    with pytest.raises(ValueError, match=r"trainer.mesh: unknown keys \['model'\]"):
-        TrainerConfig.from_dict({"mesh": {"model": 2}})
+        build(TrainerConfig, {"mesh": {"tensor": 0}}, "trainer")
+    with pytest.raises(ValueError, match=r"trainer.mesh.model: unknown key"):
+        build(TrainerConfig, {"mesh": {"model": 2}}, "trainer")

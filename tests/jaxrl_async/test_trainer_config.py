@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import OptimConfig, make_optimizer, make_schedule
+from planner.configs import build
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 VARIANTS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
@@ -18,7 +19,7 @@ VARIANTS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
 
 def load(name):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return TrainerConfig.from_dict(OmegaConf.to_container(compose(config_name=f"trainer/{name}").trainer))
+        return build(TrainerConfig, OmegaConf.to_container(compose(config_name=f"trainer/{name}").trainer), "trainer")
 
 
 @pytest.mark.parametrize("name", VARIANTS)
@@ -37,10 +38,10 @@ def test_variants_differ_where_their_papers_do():
 
 
 def test_unknown_keys_are_refused_with_the_known_ones():
-    with pytest.raises(ValueError, match=r"trainer.optim: unknown keys \['learning_rate'\]"):
-        TrainerConfig.from_dict({"optim": {"learning_rate": 1e-3}})
-    with pytest.raises(ValueError, match=r"trainer: unknown keys \['micro_batches'\]"):
-        TrainerConfig.from_dict({"micro_batches": 2})
+    with pytest.raises(ValueError, match=r"trainer.optim.learning_rate: unknown key \(known: b1, b2, eps, lr,"):
+        build(TrainerConfig, {"optim": {"learning_rate": 1e-3}}, "trainer")
+    with pytest.raises(ValueError, match=r"trainer.micro_batches: unknown key \(known: compute_dtype, loss,"):
+        build(TrainerConfig, {"micro_batches": 2}, "trainer")
     with pytest.raises(ValueError, match="TrainerConfig.compute_dtype='float16'"):
         TrainerConfig(compute_dtype="float16")
 
