@@ -183,6 +183,9 @@ def hist_json(hist: Mapping[int, int]) -> dict[str, int]:
 
 # ====================================================================== the run's files
 
+SUMMARY_FILE = "summary.json"
+METRICS_FILE = "metrics.jsonl"
+
 # summary.json (DESIGN §8.1): these first, in this order, from every driver.
 SUMMARY_KEYS = (
     "policy", "max_staleness", "steps", "groups_admitted", "groups_trained", "groups_dropped",

@@ -1,11 +1,14 @@
 """Plots of a run or a comparison, from the files a run writes (`summary.json`, `metrics.jsonl`,
-`ledger.jsonl`), so the same functions serve simulated and real runs (STYLE brief 14).
+`ledger.jsonl`), so the same functions serve simulated and real runs (STYLE brief 14): both
+drivers write those files with `planner.driver`'s keys.
 
-Each function draws one figure into one file; matplotlib runs headless (Agg).
+Each function draws one figure into one file; matplotlib runs headless (Agg). `run_plots` draws a
+run directory's two plots.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +18,9 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from planner.driver import METRICS_FILE, SUMMARY_FILE  # noqa: E402
 from planner.ledger import read_ledger  # noqa: E402
+from planner.sim.metrics import read_steps  # noqa: E402
 
 
 def _save(fig: Any, path: str | Path) -> None:
@@ -55,6 +60,19 @@ def utilisation(steps: Sequence[Mapping[str, Any]], path: str | Path, title: str
     bottom.set_xlabel("time (s)")
     bottom.set_ylabel("active sequences")
     _save(fig, path)
+
+
+def run_plots(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """`staleness_hist.png` and `utilisation.png` of one run directory, simulated or training, from
+    its `summary.json` and `metrics.jsonl`, into `out_dir` (default: the run directory)."""
+    run_dir = Path(run_dir)
+    out = Path(out_dir) if out_dir is not None else run_dir
+    summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
+    steps = read_steps(run_dir / METRICS_FILE)
+    paths = [out / "staleness_hist.png", out / "utilisation.png"]
+    staleness_histogram(summary, paths[0])
+    utilisation(steps, paths[1], title=f"{summary['policy']}, η={summary['max_staleness']}")
+    return paths
 
 
 def throughput_vs_eta(rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> None:

@@ -47,10 +47,10 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_async.checkpoint import Checkpointer
-from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams
+from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
 from jaxrl_async.runtime.config import RunConfig
-from jaxrl_async.runtime.metrics import MetricsSink, RunStats, StepTiming, step_record
+from jaxrl_async.runtime.metrics import EngineLoad, MetricsSink, RunStats, StepTiming, step_record
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
 from jaxrl_async.runtime.scoring import score_group
 from jaxrl_async.runtime.state import controller_state, restore_controller
@@ -81,6 +81,12 @@ class RunResult:
     elapsed_s: float
     trainer_busy_s: float
     generator_busy_s: float
+
+
+def _load(stats: EngineStats) -> EngineLoad:
+    """Active sequences per replica (one entry for a single engine) and slots in use."""
+    return EngineLoad(list(stats.extra.get("per_replica_active", [stats.active_slots])),
+                      stats.active_slots / max(1, stats.total_slots))
 
 
 def sampling_seed(seed: int, uid: int, attempt: int) -> int:
@@ -407,7 +413,7 @@ class Controller:
     async def _train(self, step: int, groups: list[GroupRollout]) -> None:
         wait_s = self.now() - self._step_wait_since
         batch = make_train_batch(groups, rows_multiple=self.trainer.rows_multiple)
-        gen0, t0 = await self._engine_busy_s(), time.monotonic()
+        gen0, t0, start_s = await self._engine_busy_s(), time.monotonic(), self.now()
         metrics = await asyncio.get_running_loop().run_in_executor(self._train_thread, self.trainer.step, batch)
         train_s = time.monotonic() - t0
         overlap_s = await self._engine_busy_s() - gen0  # generation while the trainer trained
@@ -426,7 +432,8 @@ class Controller:
             if not last:
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
             await self._flush_engine_commands()
-            await self._record(step, groups, hist, metrics, StepTiming(wait_s, train_s, overlap_s))
+            timing = StepTiming(wait_s, train_s, overlap_s, start_s, start_s + train_s)
+            await self._record(step, groups, hist, metrics, timing)
         if not last:
             await self._push(version)
         async with self._mutex:
@@ -435,8 +442,8 @@ class Controller:
                 self._release_held()
                 self._apply(self.policy.on_version_synced(version=version, now=self.now()), "on_version_synced")
                 stats = await self.engine.stats()
-                self._apply(self.policy.on_engine_stats(kv_usage=stats.active_slots / max(1, stats.total_slots),
-                                                        queued=stats.queued, now=self.now()), "on_engine_stats")
+                self._apply(self.policy.on_engine_stats(kv_usage=_load(stats).usage, queued=stats.queued,
+                                                        now=self.now()), "on_engine_stats")
             self._training = False
             self._ask = True
             self._step_wait_since = self.now()
@@ -471,14 +478,12 @@ class Controller:
                       metrics: dict[str, float], timing: StepTiming) -> None:
         """One metrics record per step, to every sink (metrics.jsonl, TensorBoard, progress)."""
         stats = await self._stats_now()
-        prev_now, prev_tokens = self._last_record
-        self._last_record = (stats.elapsed_s, stats.tokens_generated)
+        previous, self._last_record = self._last_record, (stats.elapsed_s, stats.tokens_generated)
         segment_steps = self.step - self._segment_first_step
         eta_s = (self.cfg.steps - self.step) * (time.monotonic() - self._t0) / max(1, segment_steps)
         record = step_record(
             step, metrics, hist, [len(s.token_ids) for g in groups for s in g.samples], stats, timing,
-            tokens_per_s=(stats.tokens_generated - prev_tokens) / max(stats.elapsed_s - prev_now, 1e-9),
-            inflight_groups=self.groups_in_flight(),
+            previous=previous, engine=_load(await self.engine.stats()), inflight_groups=self.groups_in_flight(),
             done_groups=sum(g.phase == DONE for g in self.groups.values()), eta_s=eta_s)
         for sink in self.sinks:
             sink.write(record)

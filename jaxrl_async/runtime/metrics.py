@@ -2,9 +2,10 @@
 
 `RunStats` accumulates what the summary reports — counts, the staleness histogram of trained
 tokens, busy seconds of the trainer and of the generator — and is saved in checkpoints so that a
-resumed run reports the whole run. Every optimizer step produces one flat record (a dict of
-numbers) that goes to every `MetricsSink`: `metrics.jsonl`, TensorBoard, the progress display.
-The simulator writes the same summary keys, so one plotting script serves both.
+resumed run reports the whole run. Every optimizer step produces one flat record that goes to
+every `MetricsSink`: `metrics.jsonl`, TensorBoard, the progress display. Both files are built by
+`planner.driver` (`summary`, `step_record`) with the training run's extensions after the common
+keys, so the simulator's runs and these share their keys and `planner.plots` reads both.
 
 How to add a sink: implement `write(record)` and `close()`; pass it to the controller.
 """
@@ -19,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-METRICS_FILE = "metrics.jsonl"
-SUMMARY_FILE = "summary.json"
+from planner import driver
+from planner.driver import METRICS_FILE, SUMMARY_FILE  # noqa: F401  (the runtime's modules import them here)
 
 
 class MetricsSink(Protocol):
@@ -63,15 +64,6 @@ class RunStats:
         self.staleness.update(hist)
         self.tokens_trained += sum(hist.values())
 
-    @property
-    def max_token_staleness(self) -> int:
-        return max((s for s, t in self.staleness.items() if t), default=0)
-
-    @property
-    def mean_token_staleness(self) -> float:
-        total = sum(self.staleness.values())
-        return sum(s * t for s, t in self.staleness.items()) / total if total else 0.0
-
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["staleness"] = {str(s): t for s, t in sorted(self.staleness.items())}
@@ -89,74 +81,66 @@ class StepTiming:
     wait_s: float  # the trainer waited this long for the batch (idle)
     train_s: float  # the optimizer step
     overlap_s: float  # of `train_s`, the engine was generating this long
+    start_s: float  # run seconds when the step began training
+    end_s: float  # run seconds when it ended
+
+
+@dataclass(frozen=True)
+class EngineLoad:
+    """The engine at the record: active sequences per replica, and slots in use in [0, 1]."""
+
+    active: list[int]
+    usage: float
 
 
 def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], lengths: list[int], stats: RunStats,
-                timing: StepTiming, *, tokens_per_s: float, inflight_groups: int, done_groups: int,
-                eta_s: float) -> dict[str, Any]:
-    """The `metrics.jsonl` record of step `step` (DESIGN §8 keys first) plus the run-so-far keys
-    the progress display reads. `metrics` is the trainer's; `hist` the batch's tokens by staleness."""
-    elapsed = max(stats.elapsed_s, 1e-9)
-    trained = sum(hist.values())
-    return {
-        "step": step,
-        "reward_mean": metrics["reward_mean"],
-        "loss": metrics["loss"],
-        "max_staleness_in_batch": max((s for s, t in hist.items() if t), default=0),
-        "tokens_per_s": tokens_per_s,  # generated tokens per wall second since the previous step
-        "version": step + 1,  # published after this step
-        "mean_staleness_in_batch": sum(s * t for s, t in hist.items()) / max(1, trained),
-        "tokens_trained": trained,
-        "response_len_mean": sum(lengths) / max(1, len(lengths)),
-        "skipped": int(metrics["skipped"]),
-        "wait_s": timing.wait_s,
-        "train_s": timing.train_s,
-        "generator_busy_in_step": timing.overlap_s / max(timing.train_s, 1e-9),
-        "elapsed_s": stats.elapsed_s,
-        "inflight_groups": inflight_groups,
-        "done_groups": done_groups,
-        "reward_errors": stats.reward_errors,
-        "push_s": stats.last_push_s,  # the latest weight push (after the previous step)
-        "trainer_busy": stats.trainer_busy_s / elapsed,
-        "generator_busy": stats.generator_busy_s / elapsed,
-        "eta_s": eta_s,
-        **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
-        "staleness_hist": {str(s): t for s, t in sorted(stats.staleness.items())},
-    }
+                timing: StepTiming, *, previous: tuple[float, int], engine: EngineLoad, inflight_groups: int,
+                done_groups: int, eta_s: float) -> dict[str, Any]:
+    """The `metrics.jsonl` record of step `step`: `planner.driver.step_record`'s keys, then the
+    training run's. `metrics` is the trainer's; `hist` the batch's tokens by staleness; `stats`
+    the run so far; `previous` (run seconds, tokens generated) at the previous record."""
+    prev_s, prev_generated = previous
+    cycle_s = stats.elapsed_s - prev_s
+    return driver.step_record(
+        step=step, reward_mean=metrics["reward_mean"], loss=metrics["loss"], batch=hist, cycle_s=cycle_s,
+        wait_s=timing.wait_s, start_s=timing.start_s, end_s=timing.end_s, elapsed_s=stats.elapsed_s,
+        trainer_busy_s=stats.trainer_busy_s, generator_busy_s=stats.generator_busy_s, gen_active=engine.active,
+        kv_usage=engine.usage, staleness=stats.staleness,
+        extensions={
+            "generated_tokens_per_s": (stats.tokens_generated - prev_generated) / max(cycle_s, 1e-9),
+            "response_len_mean": sum(lengths) / max(1, len(lengths)),
+            "skipped": int(metrics["skipped"]),
+            "train_s": timing.train_s,
+            "generator_busy_in_step": timing.overlap_s / max(timing.train_s, 1e-9),
+            "inflight_groups": inflight_groups,
+            "done_groups": done_groups,
+            "reward_errors": stats.reward_errors,
+            "push_s": stats.last_push_s,  # the latest weight push (after the previous step)
+            "eta_s": eta_s,
+            **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
+        })
 
 
 def summary(stats: RunStats, *, policy: str, max_staleness: int | None, elapsed_s: float,
             trainer_busy_s: float, generator_busy_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The `summary.json` object: DESIGN §8 keys first, then extensions."""
-    elapsed = max(elapsed_s, 1e-9)
-    out = {
-        "policy": policy,
-        "max_staleness": max_staleness,
-        "steps": stats.steps_done,
-        "groups_admitted": stats.groups_admitted,
-        "groups_trained": stats.groups_trained,
-        "groups_dropped": stats.groups_dropped,
-        "tokens_trained": stats.tokens_trained,
-        "tokens_wasted": stats.tokens_wasted,
-        "max_token_staleness": stats.max_token_staleness,
-        "mean_token_staleness": stats.mean_token_staleness,
-        "staleness_histogram": {str(s): t for s, t in sorted(stats.staleness.items())},
-        "elapsed_s": elapsed_s,
-        "trainer_busy_fraction": min(1.0, trainer_busy_s / elapsed),
-        "generator_busy_fraction": min(1.0, generator_busy_s / elapsed),
-        "steps_per_hour": 3600.0 * stats.steps_done / elapsed,
-        # extensions
-        "overlap_fraction": stats.overlap_s / max(stats.trainer_busy_s, 1e-9),
-        "steps_skipped": stats.steps_skipped,
-        "groups_readmitted": stats.groups_readmitted,
-        "tokens_generated": stats.tokens_generated,
-        "reward_errors": stats.reward_errors,
-        "rewards_scored": stats.rewards_scored,
-        "weight_push_s_mean": stats.push_s / max(1, stats.pushes),
-        "weight_push_s_max": stats.push_max_s,
-    }
-    out.update(extra or {})
-    return out
+    """The `summary.json` object: `planner.driver.summary`'s keys, then the training run's
+    extensions, then `extra`."""
+    return driver.summary(
+        policy=policy, max_staleness=max_staleness, steps=stats.steps_done, groups_admitted=stats.groups_admitted,
+        groups_trained=stats.groups_trained, groups_dropped=stats.groups_dropped, tokens_wasted=stats.tokens_wasted,
+        staleness=stats.staleness, elapsed_s=elapsed_s, trainer_busy_s=trainer_busy_s,
+        generator_busy_s=generator_busy_s,
+        extensions={
+            "overlap_fraction": stats.overlap_s / max(stats.trainer_busy_s, 1e-9),
+            "steps_skipped": stats.steps_skipped,
+            "groups_readmitted": stats.groups_readmitted,
+            "tokens_generated": stats.tokens_generated,
+            "reward_errors": stats.reward_errors,
+            "rewards_scored": stats.rewards_scored,
+            "weight_push_s_mean": stats.push_s / max(1, stats.pushes),
+            "weight_push_s_max": stats.push_max_s,
+            **(extra or {}),
+        })
 
 
 def write_json(path: Path, obj: Any) -> None:

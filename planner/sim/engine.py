@@ -198,7 +198,7 @@ class Simulator:
         trainer = self.trainer
         if not trainer.waiting:
             raise ValueError(f"policy {self.policy.name}: a batch while the trainer is busy")
-        step, n = trainer.step, self.ctx.group_size
+        step = trainer.step
         batch, prompt_tokens = [], 0
         for uid in uids:
             g = self.groups[uid]
@@ -207,11 +207,11 @@ class Simulator:
             g.state = GState.TRAINED
             del self.groups[uid]
         self.ledger.train(step, [(uid, v) for uid, v, _ in batch])
-        worst, mean, tokens = self.metrics.train(step, batch)
+        hist = self.metrics.train(step, batch)
+        tokens = sum(hist.values())
         wait = self.now - trainer.wait_since
         end = trainer.begin(self.now, tokens + prompt_tokens)
-        self._step_info = {"start_s": self.now, "wait_s": wait, "tokens": tokens, "n": n,
-                           "max_staleness_in_batch": worst, "mean_staleness_in_batch": mean}
+        self._step_info = {"start_s": self.now, "wait_s": wait, "tokens": tokens, "batch": hist}
         self._out.append((end, EventKind.STEP_DONE, step))
         self._changed = True
 
@@ -305,13 +305,12 @@ class Simulator:
         info = self._step_info
         duration = self.now - info["start_s"]
         self.metrics.step_row(
-            step=step, max_staleness_in_batch=info["max_staleness_in_batch"],
-            mean_staleness_in_batch=info["mean_staleness_in_batch"],
-            tokens_per_s=info["tokens"] / max(duration + info["wait_s"], 1e-12), tokens=info["tokens"],
-            start_s=info["start_s"], end_s=self.now, wait_s=info["wait_s"],
+            step=step, batch=info["batch"], cycle_s=duration + info["wait_s"], wait_s=info["wait_s"],
+            start_s=info["start_s"], end_s=self.now, elapsed_s=self.now, trainer_busy_s=trainer.busy_total,
+            generator_busy_s=sum(w.busy_time(self.now) for w in self.workers) / len(self.workers),
             gen_active=[w.active if w.alive else -1 for w in self.workers],
-            inflight=sum(1 for g in self.groups.values() if g.state <= GState.RUNNING),
             kv_usage=sum(w.kv_used for w in live) / max(1, sum(w.kv_cap for w in live)),
+            tokens=info["tokens"], inflight=sum(1 for g in self.groups.values() if g.state <= GState.RUNNING),
         )
         if trainer.finished:
             return

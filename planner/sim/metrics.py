@@ -1,14 +1,14 @@
-"""Run metrics with one key scheme for the simulator and the runtime (STYLE brief 14).
+"""The simulator's run metrics: what was trained, dropped and wasted, and its two output files.
 
-Two outputs, both read by `planner.plots` whichever driver wrote them:
+Both files have the runtime's keys, built by `planner.driver` (STYLE brief 14), so `planner.plots`
+reads either driver's runs:
 
-- `summary.json`: the DESIGN §8 keys (`SUMMARY_KEYS`, in that order) plus extras. Staleness
-  counts only what was trained: each trained token has staleness `train step − its version`,
-  and the histogram counts tokens.
-- `metrics.jsonl`: one row per trainer step. The runtime's required keys (`step`,
-  `max_staleness_in_batch`, `tokens_per_s`; `reward_mean`/`loss` only exist in training) plus the
-  time series the utilisation plot needs: when the step started and ended, how long the trainer
-  waited before it, and per-worker active sequences sampled at the step's end (`STEP_KEYS`).
+- `summary.json`: `driver.summary` — the DESIGN §8 keys (`driver.SUMMARY_KEYS`) first, then the
+  simulator's extensions (`trajectories_trained`, `drops_by_reason`, and the engine's). Staleness
+  counts only what was trained: each trained token has staleness `train step − its version`, and
+  the histogram counts tokens.
+- `metrics.jsonl`: one `driver.step_record` per trainer step (`reward_mean` and `loss` are null:
+  there is no model), plus the simulator's extensions `tokens` and `inflight`.
 """
 
 from __future__ import annotations
@@ -19,50 +19,31 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-SUMMARY_FILE = "summary.json"
-METRICS_FILE = "metrics.jsonl"
-
-SUMMARY_KEYS = (
-    "policy", "max_staleness", "steps", "groups_admitted", "groups_trained", "groups_dropped",
-    "tokens_trained", "tokens_wasted", "max_token_staleness", "mean_token_staleness",
-    "staleness_histogram", "elapsed_s", "trainer_busy_fraction", "generator_busy_fraction",
-    "steps_per_hour",
-)
-
-STEP_KEYS = (
-    "step", "max_staleness_in_batch", "mean_staleness_in_batch", "tokens_per_s", "tokens",
-    "start_s", "end_s", "wait_s", "gen_active", "inflight", "kv_usage",
-)
+from planner import driver
+from planner.driver import METRICS_FILE, SUMMARY_FILE
 
 
 class RunMetrics:
     """Accumulates what was trained, dropped and wasted; builds the summary and step rows."""
 
     def __init__(self) -> None:
-        self.histogram: Counter[int] = Counter()  # staleness -> trained tokens
-        self.tokens_trained = 0
+        self.histogram: dict[int, int] = {}  # staleness -> trained tokens
         self.tokens_wasted = 0
         self.groups_trained = 0
         self.trajectories_trained = 0
         self.drops: Counter[str] = Counter()
         self.steps: list[dict[str, Any]] = []
 
-    def train(self, step: int, batch: Sequence[tuple[int, Sequence[tuple[int, int]], int]]) -> tuple[int, float, int]:
-        """batch: (uid, versions, trajectories). Returns (max staleness, mean staleness, tokens)."""
-        worst, weighted, tokens = 0, 0, 0
-        hist = self.histogram
+    def train(self, step: int, batch: Sequence[tuple[int, Sequence[tuple[int, int]], int]]) -> dict[int, int]:
+        """batch: (uid, versions, trajectories). Returns the batch's trained tokens by staleness."""
+        hist: dict[int, int] = {}
         for _, versions, trajectories in batch:
             self.trajectories_trained += trajectories
-            for v, t in versions:
-                s = step - v
-                hist[s] += t
-                tokens += t
-                weighted += s * t
-                if s > worst:
-                    worst = s
+            driver.add_staleness(hist, step, versions)
+        for s, t in hist.items():
+            self.histogram[s] = self.histogram.get(s, 0) + t
         self.groups_trained += len(batch)
-        self.tokens_trained += tokens
-        return worst, (weighted / tokens if tokens else 0.0), tokens
+        return hist
 
     def drop(self, reason: str, tokens: int) -> None:
         self.drops[reason] += 1
@@ -72,37 +53,24 @@ class RunMetrics:
         """Tokens thrown away without a drop (a group regenerated after a fault)."""
         self.tokens_wasted += tokens
 
-    def step_row(self, **row: Any) -> None:
-        self.steps.append({k: row[k] for k in STEP_KEYS})
+    def step_row(self, *, tokens: int, inflight: int, **common: Any) -> None:
+        """One metrics.jsonl row: `driver.step_record(**common)` plus the simulator's extensions."""
+        self.steps.append(driver.step_record(reward_mean=None, loss=None, staleness=self.histogram, **common,
+                                             extensions={"tokens": tokens, "inflight": inflight}))
 
     def summary(
         self, *, policy: str, max_staleness: int | None, steps: int, groups_admitted: int, elapsed_s: float,
         trainer_busy_s: float, generator_busy_s: Sequence[float], **extras: Any,
     ) -> dict[str, Any]:
-        total = sum(self.histogram.values())
-        mean = sum(s * t for s, t in self.histogram.items()) / total if total else 0.0
-        elapsed = max(elapsed_s, 1e-12)
-        out = {
-            "policy": policy,
-            "max_staleness": max_staleness,
-            "steps": steps,
-            "groups_admitted": groups_admitted,
-            "groups_trained": self.groups_trained,
-            "groups_dropped": sum(self.drops.values()),
-            "tokens_trained": self.tokens_trained,
-            "tokens_wasted": self.tokens_wasted,
-            "max_token_staleness": max((s for s, t in self.histogram.items() if t), default=0),
-            "mean_token_staleness": mean,
-            "staleness_histogram": {str(s): self.histogram[s] for s in sorted(self.histogram)},
-            "elapsed_s": elapsed_s,
-            "trainer_busy_fraction": min(1.0, trainer_busy_s / elapsed),
-            "generator_busy_fraction": min(1.0, sum(generator_busy_s) / len(generator_busy_s) / elapsed),
-            "steps_per_hour": steps / elapsed * 3600.0,
-            "trajectories_trained": self.trajectories_trained,
-            "drops_by_reason": dict(sorted(self.drops.items())),
-        }
-        out.update(extras)
-        return out
+        """`driver.summary` with the simulator's extensions; `generator_busy_s` is per worker."""
+        return driver.summary(
+            policy=policy, max_staleness=max_staleness, steps=steps, groups_admitted=groups_admitted,
+            groups_trained=self.groups_trained, groups_dropped=sum(self.drops.values()),
+            tokens_wasted=self.tokens_wasted, staleness=self.histogram, elapsed_s=elapsed_s,
+            trainer_busy_s=trainer_busy_s, generator_busy_s=sum(generator_busy_s) / len(generator_busy_s),
+            extensions={"trajectories_trained": self.trajectories_trained,
+                        "drops_by_reason": dict(sorted(self.drops.items())), **extras},
+        )
 
 
 def write_outputs(out_dir: str | Path, summary: dict[str, Any], steps: Sequence[dict[str, Any]]) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from planner.audit import audit
-from planner.sim.metrics import SUMMARY_KEYS
+from planner.driver import SUMMARY_KEYS
 from planner.simulate import SimulateConfig
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -1,0 +1,48 @@
+"""A training run writes the simulator's metric keys, so one plotting function reads both runs."""
+
+import json
+
+import pytest
+
+import planner.policies.lookahead  # noqa: F401  (registers lookahead)
+from planner.driver import STEP_KEYS, SUMMARY_KEYS
+from planner.ledger import LedgerWriter
+from planner.plots import run_plots
+from planner.registry import make_policy
+from planner.sim import SimConfig, Simulator, make_workload
+from planner.sim.metrics import write_outputs
+from planner.types import PlanContext
+from tests.jaxrl_async.train_runs import make_job, read_jsonl
+
+pytestmark = pytest.mark.slow
+
+
+def simulated_run(run_dir):
+    ctx = PlanContext(batch_groups=4, group_size=4, max_staleness=1, total_steps=5)
+    with LedgerWriter(run_dir / "ledger.jsonl") as ledger:
+        result = Simulator(make_policy("lookahead", ctx), ctx, make_workload({"name": "lognormal"}, 4), SimConfig(),
+                           seed=0, ledger=ledger).run()
+    write_outputs(run_dir, result.summary, result.steps)
+
+
+def test_a_training_run_and_a_simulated_run_share_their_keys_and_plot_with_the_same_function(tmp_path):
+    train_dir, sim_dir = tmp_path / "train", tmp_path / "sim"
+    make_job(train_dir, ["steps=3", "batch_groups=2", "group_size=4", "max_new_tokens=4"]).run()
+    simulated_run(sim_dir)
+    for run_dir in (train_dir, sim_dir):
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS), run_dir.name
+        rows = read_jsonl(run_dir / "metrics.jsonl")
+        assert [list(r)[: len(STEP_KEYS)] for r in rows] == [list(STEP_KEYS)] * len(rows), run_dir.name
+        # tokens_per_s has one meaning: tokens trained in the step / seconds since the previous record
+        previous = 0.0
+        for r in rows:
+            assert r["tokens_per_s"] == pytest.approx(r["tokens_trained"] / (r["elapsed_s"] - previous), rel=1e-3)
+            assert r["start_s"] <= r["end_s"] <= r["elapsed_s"] and r["version"] == r["step"] + 1
+            previous = r["elapsed_s"]
+        out = tmp_path / f"{run_dir.name}_plots"
+        out.mkdir()
+        assert all(p.stat().st_size > 0 for p in run_plots(run_dir, out))
+    train_rows, sim_rows = read_jsonl(train_dir / "metrics.jsonl"), read_jsonl(sim_dir / "metrics.jsonl")
+    assert all(r["reward_mean"] is not None and r["loss"] is not None for r in train_rows)
+    assert all(r["reward_mean"] is None and r["loss"] is None for r in sim_rows)  # no model in the simulator
