@@ -38,6 +38,7 @@ planner's fault path (`on_group_lost(prefix_kept=False)`), done ones keep their 
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import time
 import zlib
@@ -50,15 +51,15 @@ from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
 from jaxrl_async.runtime.config import RunConfig
-from jaxrl_async.runtime.metrics import EngineLoad, MetricsSink, RunStats, StepTiming, step_record
+from jaxrl_async.runtime.metrics import METRICS_FILE, EngineLoad, MetricsSink, RunStats, StepTiming, step_record
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
 from jaxrl_async.runtime.scoring import score_group
-from jaxrl_async.runtime.state import controller_state, restore_controller
+from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup, from_json, to_json
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import Held, apply_decision
-from planner.ledger import LedgerWriter
+from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.types import Admission, Candidate, Decision, Drop, Move
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"
@@ -332,9 +333,8 @@ class Controller:
     def _refill_window(self) -> None:
         while len(self.window) < self.cfg.window:
             prompt = next(self.stream)
-            candidate = Candidate(self.next_uid, prompt.prompt_id, len(prompt.prompt_ids))
+            self.window.append((_candidate(self.next_uid, prompt), prompt))
             self.next_uid += 1
-            self.window.append((candidate, prompt))
 
     async def _settle(self) -> None:
         """Admit and (while the trainer waits) select until the policy changes nothing more."""
@@ -489,15 +489,51 @@ class Controller:
             sink.write(record)
 
     # ================================================================== checkpoints
+    def snapshot(self, stats: RunStats | None = None) -> ControllerSnapshot:
+        """The controller, its policy and its stream at a step boundary (between the events, under
+        the lock). `stats`: the run's totals up to now (default: `self.stats`). The snapshot copies
+        what the run goes on changing."""
+        return ControllerSnapshot(
+            run=dict(self.run_config_meta), step=self.step, version=self.version, next_uid=self.next_uid,
+            policy=self.policy.state_dict(), stream=self.stream.state_dict(),
+            window=tuple((c.uid, p) for c, p in self.window),
+            groups=tuple(SavedGroup(g.prompt, g.phase, copy.deepcopy(g.rollout)) for g in self.groups.values()),
+            stats=copy.deepcopy(self.stats if stats is None else stats),
+            ledger_bytes=_size(self.run_dir / LEDGER_FILE), metrics_bytes=_size(self.run_dir / METRICS_FILE))
+
+    def restore(self, snap: ControllerSnapshot) -> None:
+        """Continue from `snap` (the trainer is restored by the caller). Groups that were generating
+        or being scored at the save lost their engine: they are regenerated when the run starts,
+        through the planner's fault path."""
+        self.step, self.version, self.next_uid = snap.step, snap.version, snap.next_uid
+        self.policy.load_state_dict(snap.policy)
+        self.stream.load_state_dict(snap.stream)
+        self.window = [(_candidate(uid, prompt), prompt) for uid, prompt in snap.window]
+        self.stats = copy.deepcopy(snap.stats)
+        self.groups = {}
+        self._lost_on_resume = []
+        for g in snap.groups:
+            rollout = copy.deepcopy(g.rollout)
+            self.groups[rollout.uid] = LiveGroup(g.prompt, rollout, DONE if g.phase == DONE else GENERATING)
+            if g.phase != DONE:
+                self._lost_on_resume.append(rollout.uid)
+
     async def save_checkpoint(self) -> None:
         """Save at a step boundary (between the events, under the lock): see `runtime.state`."""
         if self.checkpointer is None:
             return
         self.ledger.flush()
-        meta = controller_state(self, await self._stats_now())
+        meta = to_json(self.snapshot(await self._stats_now()))
         self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
 
     def load_checkpoint_meta(self, meta: dict[str, Any]) -> None:
-        """Restore the controller, policy and stream (the trainer is restored by the caller);
-        groups that were generating at the save are regenerated when the run starts."""
-        self._lost_on_resume = restore_controller(self, meta)
+        """`restore` from a checkpoint's JSON object (`runtime.state`)."""
+        self.restore(from_json(meta))
+
+
+def _candidate(uid: int, prompt: Prompt) -> Candidate:
+    return Candidate(uid, prompt.prompt_id, len(prompt.prompt_ids))
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0

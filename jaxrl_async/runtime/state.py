@@ -1,7 +1,11 @@
-"""The controller's part of a checkpoint: a JSON object next to the trainer's arrays.
+"""The controller's part of a checkpoint: `ControllerSnapshot`, and its JSON object next to the
+trainer's arrays.
 
-It holds what the run needs to continue as if it had not stopped (DESIGN §2: no group lost,
-none trained twice, the bound kept across the restart):
+The controller produces a snapshot (`Controller.snapshot`) and continues from one
+(`Controller.restore`); this module only converts a snapshot to and from the checkpoint's JSON
+(`to_json` / `from_json`), whose format old checkpoints share. A snapshot holds what the run needs
+to continue as if it had not stopped (DESIGN §2: no group lost, none trained twice, the bound
+kept across the restart):
 
 - `step`, `version` (what the engine held), `next_uid` (uids stay unique across segments);
 - the planner's `policy.state_dict()` and the data stream's position;
@@ -17,57 +21,65 @@ none trained twice, the bound kept across the restart):
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
-from jaxrl_async.runtime.metrics import METRICS_FILE, RunStats
+from jaxrl_async.runtime.metrics import RunStats
 from jaxrl_async.runtime.rollouts import GroupRollout
 from jaxrl_async.tasks.base import Prompt
-from planner.ledger import LEDGER_FILE
-from planner.types import Candidate
-
-if TYPE_CHECKING:
-    from jaxrl_async.runtime.controller import Controller
 
 
-def controller_state(ctrl: Controller, stats: RunStats) -> dict[str, Any]:
-    """The JSON state of `ctrl` at a step boundary (`stats`: the totals up to now)."""
+@dataclass(frozen=True)
+class SavedGroup:
+    """An admitted, untrained group at the save."""
+
+    prompt: Prompt
+    phase: str  # the controller's phase: generating, scoring or done
+    rollout: GroupRollout  # its samples (complete for a done group) and rewards
+
+
+@dataclass(frozen=True)
+class ControllerSnapshot:
+    """The controller at a step boundary; it shares nothing the running controller changes."""
+
+    run: dict[str, Any]  # the settings a resume must match (policy, B, n, η, seed)
+    step: int  # the next step to train
+    version: int  # the newest version the engine held
+    next_uid: int
+    policy: dict[str, Any]  # policy.state_dict()
+    stream: dict[str, Any]  # the data stream's state_dict()
+    window: tuple[tuple[int, Prompt], ...]  # the candidates (uid, prompt), stream order
+    groups: tuple[SavedGroup, ...]
+    stats: RunStats  # the run's totals up to the save
+    ledger_bytes: int  # ledger.jsonl's length at the save: a resume cuts it back to this
+    metrics_bytes: int  # metrics.jsonl's, likewise
+
+
+def to_json(snap: ControllerSnapshot) -> dict[str, Any]:
+    """The checkpoint's JSON object of `snap`."""
     return {
-        "run": ctrl.run_config_meta,
-        "step": ctrl.step,
-        "version": ctrl.version,
-        "next_uid": ctrl.next_uid,
-        "policy": ctrl.policy.state_dict(),
-        "stream": ctrl.stream.state_dict(),
-        "window": [[c.uid, dataclasses.asdict(p)] for c, p in ctrl.window],
+        "run": snap.run,
+        "step": snap.step,
+        "version": snap.version,
+        "next_uid": snap.next_uid,
+        "policy": snap.policy,
+        "stream": snap.stream,
+        "window": [[uid, dataclasses.asdict(p)] for uid, p in snap.window],
         "groups": [{"prompt": dataclasses.asdict(g.prompt), "phase": g.phase, "rollout": g.rollout.to_json()}
-                   for g in ctrl.groups.values()],
-        "stats": stats.to_json(),
-        "ledger_bytes": _size(ctrl.run_dir / LEDGER_FILE),
-        "metrics_bytes": _size(ctrl.run_dir / METRICS_FILE),
+                   for g in snap.groups],
+        "stats": snap.stats.to_json(),
+        "ledger_bytes": snap.ledger_bytes,
+        "metrics_bytes": snap.metrics_bytes,
     }
 
 
-def restore_controller(ctrl: Controller, meta: dict[str, Any]) -> list[int]:
-    """Load `meta` into `ctrl` (and its policy and stream); returns the uids to regenerate."""
-    from jaxrl_async.runtime.controller import DONE, GENERATING, LiveGroup
-
-    ctrl.step, ctrl.version, ctrl.next_uid = meta["step"], meta["version"], meta["next_uid"]
-    ctrl.policy.load_state_dict(meta["policy"])
-    ctrl.stream.load_state_dict(meta["stream"])
-    ctrl.window = [(Candidate(uid, p["prompt_id"], len(p["prompt_ids"])), Prompt(**p)) for uid, p in meta["window"]]
-    ctrl.stats = RunStats.from_json(meta["stats"])
-    ctrl.groups = {}
-    lost = []
-    for g in meta["groups"]:
-        rollout = GroupRollout.from_json(g["rollout"])
-        live = LiveGroup(Prompt(**g["prompt"]), rollout, g["phase"])
-        ctrl.groups[rollout.uid] = live
-        if live.phase != DONE:
-            live.phase = GENERATING  # its engine is gone: regenerated from scratch
-            lost.append(rollout.uid)
-    return lost
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.exists() else 0
+def from_json(meta: dict[str, Any]) -> ControllerSnapshot:
+    """The snapshot a checkpoint's JSON object holds (keys it does not know are ignored)."""
+    return ControllerSnapshot(
+        run=meta["run"], step=meta["step"], version=meta["version"], next_uid=meta["next_uid"],
+        policy=meta["policy"], stream=meta["stream"],
+        window=tuple((uid, Prompt(**p)) for uid, p in meta["window"]),
+        groups=tuple(SavedGroup(Prompt(**g["prompt"]), g["phase"], GroupRollout.from_json(g["rollout"]))
+                     for g in meta["groups"]),
+        stats=RunStats.from_json(meta["stats"]),
+        ledger_bytes=meta["ledger_bytes"], metrics_bytes=meta["metrics_bytes"])
