@@ -56,6 +56,7 @@ class Held(enum.Enum):
 
 UNTRAINED = frozenset({Held.GENERATING, Held.LOST, Held.DONE})  # what a drop may name
 ADMISSIBLE = frozenset({Held.CANDIDATE, Held.LOST})  # what an admission may name
+TRAINABLE = frozenset({Held.DONE})  # what a batch may name
 
 
 @runtime_checkable
@@ -85,10 +86,8 @@ def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -
     if d.moves:
         host.record_moves(d.moves)
     for drop in d.drop:
-        state = host.held(drop.uid)
-        if state not in UNTRAINED:
-            raise ValueError(f"policy {policy} dropped uid {drop.uid} in {call}: it is {state.value}, "
-                             "not an admitted, untrained group")
+        _require(host, drop.uid, UNTRAINED, f"policy {policy} dropped uid {drop.uid} in {call}",
+                 "not an admitted, untrained group")
         host.drop_group(drop)
     if d.train is not None:
         if call != "select_batch":
@@ -96,16 +95,18 @@ def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -
         if len(set(d.train)) != len(d.train):
             raise ValueError(f"policy {policy}: batch {d.train} names a uid twice")
         for uid in d.train:
-            state = host.held(uid)
-            if state is not Held.DONE:
-                raise ValueError(f"policy {policy} trained uid {uid}: group is {state.value}, not done")
+            _require(host, uid, TRAINABLE, f"policy {policy} trained uid {uid}", "not done")
         host.train_batch(d.train)
     for a in d.admit:
-        state = host.held(a.uid)
-        if state not in ADMISSIBLE:
-            raise ValueError(f"policy {policy} admitted uid {a.uid} in {call}: it is {state.value}, "
-                             "neither a candidate nor a lost group")
+        _require(host, a.uid, ADMISSIBLE, f"policy {policy} admitted uid {a.uid} in {call}",
+                 "neither a candidate nor a lost group")
         host.admit_group(a)
+
+
+def _require(host: DecisionHost, uid: int, allowed: frozenset[Held], what: str, rule: str) -> None:
+    state = host.held(uid)
+    if state not in allowed:
+        raise ValueError(f"{what}: it is {state.value}, {rule}")
 
 
 # ====================================================================== token versions

@@ -100,8 +100,8 @@ def test_a_uid_admitted_twice_in_one_decision_is_an_error_after_the_first_admiss
 
 
 @pytest.mark.parametrize(("batch", "message"), [([3, 3], r"batch \[3, 3\] names a uid twice"),
-                                                ([3, 4], "trained uid 4: group is generating, not done"),
-                                                ([3, 9], "trained uid 9: group is unknown, not done")])
+                                                ([3, 4], "trained uid 4: it is generating, not done"),
+                                                ([3, 9], "trained uid 9: it is unknown, not done")])
 def test_a_batch_must_name_distinct_done_groups(batch, message):
     host = Host(u3=Held.DONE, u4=Held.GENERATING)
     with pytest.raises(ValueError, match=message):
