@@ -6,7 +6,8 @@
 - `batching`: scored groups -> the trainer's padded `TrainBatch`; staleness of a batch.
 - `metrics`: run totals, the per-step record and its sinks (metrics.jsonl, TensorBoard), summary.json.
 - `progress`: the live display (rich on a terminal, plain lines otherwise).
-- `state`: the controller's JSON part of a checkpoint (the arrays are `jaxrl_async.checkpoint`'s).
+- `state`: `ControllerSnapshot` (what `Controller.snapshot` / `restore` exchange) and its JSON in a
+  checkpoint (the arrays are `jaxrl_async.checkpoint`'s).
 - `config`: `RunConfig`, the typed top level of conf/train.yaml.
 
 The entry point is `python -m jaxrl_async.train` (jaxrl_async/train.py). Another orchestration
