@@ -152,7 +152,8 @@ class Simulator:
 
     # ================================================================== decisions
     def _apply(self, d: Decision, call: str) -> None:
-        apply_decision(self, d, call=call, policy=self.policy.name)
+        if d.admit or d.drop or d.moves or d.train is not None:  # most decisions are empty: the hot path
+            apply_decision(self, d, call=call, policy=self.policy.name)
 
     # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
     def held(self, uid: int) -> Held:

@@ -9,8 +9,6 @@ predictor may read.
 
 from __future__ import annotations
 
-from bisect import bisect_left
-
 import numpy as np
 
 from planner.sim.workloads import Workload
@@ -24,8 +22,9 @@ class AdmissionWindow:
         self.workload = workload
         self.rng = rng
         self.size = size
-        self.candidates: list[Candidate] = []  # stream order; passed to policy.admit as is
-        self._data: dict[int, tuple[int, list[int]]] = {}  # uid -> (prompt tokens, lengths)
+        self._shown: list[Candidate] = []  # stream order, as `candidates` last returned it
+        self._data: dict[int, tuple[Candidate, int, list[int]]] = {}  # uid -> (candidate, prompt tokens, lengths)
+        self._taken = False  # admissions since `candidates` was last read
         self._next_uid = 0
         self._block: list[tuple[int | str, int, list[int]]] = []
         self._block_pos = 0
@@ -41,27 +40,29 @@ class AdmissionWindow:
         return row
 
     def refill(self) -> None:
-        while len(self.candidates) < self.size:
+        while len(self._shown) < self.size:
             prompt_id, prompt_tokens, lengths = self._draw()
             uid = self._next_uid
             self._next_uid += 1
-            self.candidates.append(Candidate(uid, prompt_id, prompt_tokens, max(lengths)))
-            self._data[uid] = (prompt_tokens, lengths)
+            c = Candidate(uid, prompt_id, prompt_tokens, max(lengths))
+            self._shown.append(c)
+            self._data[uid] = (c, prompt_tokens, lengths)
+
+    @property
+    def candidates(self) -> list[Candidate]:
+        """The window in stream order, passed to `policy.admit` as is. The candidates taken since
+        the last read leave it, and it is refilled, in a new list: the policy may still hold the
+        old one. (Only this window draws from its generator, so when it refills changes nothing.)"""
+        if self._taken:
+            self._taken = False
+            self._shown = [c for c in self._shown if c.uid in self._data]
+            self.refill()
+        return self._shown
 
     def __contains__(self, uid: int) -> bool:
         return uid in self._data
 
     def take(self, uid: int) -> tuple[Candidate, int, list[int]]:
-        """Remove admitted candidate `uid` from the window and refill it; returns (candidate,
-        prompt tokens, lengths). The window is in uid order (stream order), so bisection finds it;
-        the list is replaced, not changed, because the policy may still hold the one it was shown."""
-        prompt_tokens, lengths = self._data.pop(uid)
-        i = bisect_left(self.candidates, uid, key=_uid)
-        c = self.candidates[i]
-        self.candidates = self.candidates[:i] + self.candidates[i + 1 :]
-        self.refill()
-        return c, prompt_tokens, lengths
-
-
-def _uid(c: Candidate) -> int:
-    return c.uid
+        """Admit candidate `uid`: returns (candidate, prompt tokens, lengths); it leaves the window."""
+        self._taken = True
+        return self._data.pop(uid)
