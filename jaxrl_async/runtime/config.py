@@ -34,8 +34,8 @@ class RunConfig:
     max_new_tokens: int  # longest completion
     temperature: float  # sampling temperature (the trainer's log-probs are at temperature 1)
     top_p: float  # nucleus sampling (1.0: off)
-    # Candidates the policy sees at once (a lookahead policy may reorder them); 0 = 2·B.
-    admission_window: int
+    # Candidates the policy sees at once (a lookahead policy may reorder them); null = 2·B.
+    admission_window: int | None
     checkpoint_every: int  # save every this many steps (0: only on SIGTERM and at the end)
     keep_checkpoints: int  # orbax keeps the newest N
     resume: bool | str | None  # true: this run dir's latest checkpoint; a path: that run dir
@@ -50,9 +50,12 @@ class RunConfig:
         for name in ("batch_groups", "group_size", "steps", "max_new_tokens", "keep_checkpoints"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 1, name, value, "must be an int >= 1")
-        for name in ("seed", "admission_window", "checkpoint_every"):
+        for name in ("seed", "checkpoint_every"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 0, name, value, "must be an int >= 0")
+        window = self.admission_window
+        check(window is None or (isinstance(window, int) and window >= 1), "admission_window", window,
+              "must be an int >= 1, or null for the default 2·batch_groups (0 is not the default: use null)")
         check(self.temperature > 0, "temperature", self.temperature,
               "must be > 0 (RL needs sampling; the behaviour log-probs are at temperature 1)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
@@ -63,4 +66,4 @@ class RunConfig:
     @property
     def window(self) -> int:
         """Candidates shown to `policy.admit` at once."""
-        return self.admission_window or 2 * self.batch_groups
+        return 2 * self.batch_groups if self.admission_window is None else self.admission_window

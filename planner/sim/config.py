@@ -109,7 +109,8 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         window = self.admission_window
-        check(window is None or window > 0, "sim.admission_window", window, "must be positive or null")
+        check(window is None or (isinstance(window, int) and window >= 1), "sim.admission_window", window,
+              "must be an int >= 1, or null for the default 2·batch_groups (0 is not the default: use null)")
         for e in self.faults.events:
             check(0 <= e.worker < self.workers.num_workers, "sim.faults.events worker", e.worker,
                   f"no such worker (num_workers={self.workers.num_workers})")

@@ -66,6 +66,7 @@ def test_the_slurm_cluster_group_is_typed():
 @pytest.mark.parametrize("override, message", [
     ("batch_groups=0", "batch_groups=0: must be an int >= 1"),
     ("max_staleness=-1", "max_staleness=-1: must be an int >= 0 or null"),
+    ("admission_window=0", "admission_window=0: must be an int >= 1, or null for the default 2·batch_groups"),
     ("policy.predictor=psychic", "predictor"),
     ("engine.num_slots=4", "engine.num_slots=4: must be >= group_size=8"),
     ("cluster.name=k8s", "cluster.name='k8s': must be one of"),

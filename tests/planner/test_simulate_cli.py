@@ -79,6 +79,7 @@ def base_config(**over):
         ({"group_size": 1.5}, "group_size=1.5: must be an integer"),
         ({"policy": {"name": "nemo_in_order", "nope": 1}}, "policy.nope: unknown parameter"),
         ({"sim": {"workers": {"sync_mode": "later"}}}, "sim.workers.sync_mode='later'"),
+        ({"sim": {"admission_window": 0}}, "sim.admission_window=0: must be an int >= 1, or null for the default"),
         ({"workload": {"name": "lognormal", "mu": 6, "extra": 1}}, "workload.extra: unknown key"),
     ],
 )
