@@ -32,15 +32,17 @@ OUTPUTS = ("text", "json")
 
 @dataclass(frozen=True)
 class GenerateConfig:
+    """The command line's keys (`conf/generate.yaml` documents them; the defaults live here)."""
+
     model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
-    prompt: str
-    max_new_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    seed: int
-    chat: bool  # apply the chat template when the tokenizer has one
-    output: str  # "text" | "json"
+    prompt: str = "Hello"
+    max_new_tokens: int = 32
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    seed: int = 0
+    chat: bool = True  # apply the chat template when the tokenizer has one
+    output: str = "text"  # "text": print the completion | "json": one JSON object
 
     def __post_init__(self) -> None:
         check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")
@@ -97,7 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from jaxrl_async.config_nodes import register_config_nodes
+
     overrides = sys.argv[1:] if argv is None else argv
+    register_config_nodes()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             composed = compose(config_name="generate", overrides=overrides)

@@ -413,6 +413,9 @@ def _main(cfg: DictConfig) -> None:
 def main() -> None:
     import hydra
 
+    from jaxrl_async.config_nodes import register_config_nodes
+
+    register_config_nodes()  # the dataclass defaults every conf/ file starts from
     conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
     hydra.main(version_base="1.3", config_path=conf_dir, config_name="train")(_main)()
 

@@ -38,7 +38,7 @@ import numpy as np
 import yaml
 
 from planner.sim.metrics import read_steps
-from planner.simulate import CONF_DIR, SimulateConfig, run_simulation
+from planner.simulate import CONF_DIR, SimulateConfig, register_config_nodes, run_simulation
 
 OWN_KEYS = ("policies", "etas", "workloads", "out", "reference_policy", "gantt_policy")
 CSV_COLUMNS = (
@@ -76,6 +76,7 @@ def compose(overrides: Sequence[str]) -> SimulateConfig:
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
+    register_config_nodes()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = hydra_compose("simulate", overrides=list(overrides))
     return SimulateConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True))

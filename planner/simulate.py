@@ -19,18 +19,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.configs import build, check, check_keys
+from planner.configs import build, check, check_keys, register_defaults
 from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.registry import make_policy, policy_class
 from planner.sim.config import SimConfig
 from planner.sim.engine import SimResult, Simulator
 from planner.sim.metrics import write_outputs
 from planner.sim.recorder import EventRecorder
-from planner.sim.workloads import Workload, make_workload
+from planner.sim.workloads import WORKLOADS, Workload, make_workload
 from planner.types import PlanContext
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 TOP_KEYS = ("policy", "max_staleness", "batch_groups", "group_size", "steps", "seed", "workload", "sim")
+
+
+def register_config_nodes() -> None:
+    """The simulator's config dataclasses' defaults as Hydra nodes (`base/sim`,
+    `base/workload/<name>`), which `conf/sim/default.yaml` and `conf/workload/*.yaml` list first:
+    the defaults live in the dataclasses only. Call it before composing `conf/simulate.yaml`."""
+    register_defaults({"sim": SimConfig, **{f"workload/{name}": w.Params for name, w in WORKLOADS.items()}})
 
 
 def _int(name: str, value: Any, *, optional: bool = False) -> int | None:
@@ -144,6 +151,7 @@ def main() -> None:
         check_policy_overrides(sys.argv[1:])
     except ValueError as e:
         _fail(e)
+    register_config_nodes()
     hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="simulate")(_app)()
 
 

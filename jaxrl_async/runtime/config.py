@@ -2,12 +2,15 @@
 
 Hydra composes the YAML; `planner.configs.build(RunConfig, top_level, "")` turns the top-level
 keys (everything that is not a config group) into one frozen dataclass, once, at the entry point
-(STYLE brief 3, `train.typed_config`). The
-default values live in one place, `conf/train.yaml` (Hydra needs every overridable key there);
-the fields here have none. Unknown or missing keys are an error naming the key.
+(STYLE brief 3, `train.typed_config`). Unknown keys are an error naming the key.
 
-How to add a knob: add a field with a default and a comment, check it in `__post_init__`, add it
-to `conf/train.yaml`, read it where it is used.
+The defaults live here, once: the entry points store them as Hydra's `base/train` node
+(jaxrl_async/config_nodes.py), which `conf/train.yaml` lists first, so every field is a
+command-line key; the YAML states only what the embedded demo run sets differently (`steps`,
+`max_new_tokens`) and documents every key.
+
+How to add a knob: add a field with a default and a comment here, check it in `__post_init__`,
+document it in `conf/train.yaml`, read it where it is used.
 
 The `cluster=` group is typed apart, in jaxrl_async/cluster/config.py: the runtime does not
 depend on where its processes run.
@@ -26,23 +29,25 @@ PROGRESS_MODES = ("auto", "rich", "plain", "off")
 class RunConfig:
     """The run: sizes, sampling, bookkeeping. Field names are the command-line keys."""
 
-    max_staleness: int | None  # η: every trained token has staleness <= η (null = unbounded)
-    batch_groups: int  # B: groups per optimizer step
-    group_size: int  # n: samples per prompt (GRPO group)
-    steps: int  # S: optimizer steps of the whole run (a resumed run counts the earlier ones)
-    seed: int  # model init, data order, sampling seeds
-    max_new_tokens: int  # longest completion
-    temperature: float  # sampling temperature (the trainer's log-probs are at temperature 1)
-    top_p: float  # nucleus sampling (1.0: off)
+    max_staleness: int | None = 1  # η: every trained token has staleness <= η (null = unbounded)
+    batch_groups: int = 8  # B: groups per optimizer step
+    group_size: int = 8  # n: samples per prompt (GRPO group)
+    # S: optimizer steps of the whole run (a resumed run counts the earlier ones); the same as
+    # trainer.optim.total_steps' default, so the learning-rate schedule spans the run.
+    steps: int = 1000
+    seed: int = 0  # model init, data order, sampling seeds
+    max_new_tokens: int = 256  # longest completion
+    temperature: float = 1.0  # sampling temperature (the trainer's log-probs are at temperature 1)
+    top_p: float = 1.0  # nucleus sampling (1.0: off)
     # Candidates the policy sees at once (a lookahead policy may reorder them); null = 2·B.
-    admission_window: int | None
-    checkpoint_every: int  # save every this many steps (0: only on SIGTERM and at the end)
-    keep_checkpoints: int  # orbax keeps the newest N
-    resume: bool | str | None  # true: this run dir's latest checkpoint; a path: that run dir
-    export_hf: bool  # write the final policy as HF safetensors into run_dir/hf/
-    progress: str  # auto (rich on a TTY, plain lines otherwise) | rich | plain | off
-    tensorboard: bool  # TensorBoard event files in run_dir/tb/
-    record_events: bool  # write every policy call to policy_events.jsonl (parity replay)
+    admission_window: int | None = None
+    checkpoint_every: int = 0  # save every this many steps (0: only on SIGTERM and at the end)
+    keep_checkpoints: int = 2  # orbax keeps the newest N
+    resume: bool | str | None = None  # true: this run dir's latest checkpoint; a path: that run dir
+    export_hf: bool = True  # write the final policy as HF safetensors into run_dir/hf/
+    progress: str = "auto"  # auto (rich on a TTY, plain lines otherwise) | rich | plain | off
+    tensorboard: bool = True  # TensorBoard event files in run_dir/tb/
+    record_events: bool = False  # write every policy call to policy_events.jsonl (parity replay)
 
     def __post_init__(self) -> None:
         check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),

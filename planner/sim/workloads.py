@@ -184,7 +184,7 @@ class HeavyTail(Workload):
 
 @dataclass(frozen=True)
 class TraceParams:
-    path: str = ""  # JSONL trace (DESIGN §8); cycled when the run needs more groups
+    path: str  # JSONL trace (DESIGN §8); cycled when the run needs more groups; required
     prompt_tokens: int = 256  # for lines without "prompt_tokens"
 
     def __post_init__(self) -> None:

@@ -20,14 +20,14 @@ def _score(task, answer, completion):
 
 
 def test_every_conf_task_yaml_builds_its_registered_task():
-    from pathlib import Path
+    from jaxrl_async.config_nodes import register_config_nodes
+    from tests.conf_files import composed, options
 
-    from omegaconf import OmegaConf
-    conf = Path(__file__).parents[2] / "conf" / "task"
-    names = {p.stem for p in conf.glob("*.yaml")}
+    register_config_nodes()  # each task file starts from its config's defaults node
+    names = set(options("task"))
     assert names == set(TASKS)
     for name in names - {"custom"}:  # custom needs a path, tested below
-        cfg = OmegaConf.to_container(OmegaConf.load(conf / f"{name}.yaml"))
+        cfg = composed("task", name)
         assert cfg["name"] == name and type(build_task(cfg)) is TASKS[name]
 
 

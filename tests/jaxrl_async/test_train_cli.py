@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from jaxrl_async.train import typed_config
-from tests.jaxrl_async.train_runs import CONF_DIR, QUIET
+from tests.jaxrl_async.train_runs import CONF_DIR, QUIET, compose_train
 
 REPO = CONF_DIR.parent
 
@@ -38,15 +38,8 @@ def test_a_dataset_line_missing_a_field_is_one_line_naming_file_and_line(tmp_pat
     assert "Traceback" not in proc.stderr
 
 
-def compose_plain(overrides):
-    from hydra import compose, initialize_config_dir
-
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        return compose("train", overrides=overrides)
-
-
 def test_the_default_config_is_the_embedded_setup():
-    setup = typed_config(compose_plain([]))
+    setup = typed_config(compose_train([]))
     assert setup.model.source == "tiny" and setup.task["name"] == "repeat_letter"
     assert setup.policy_name == "lookahead" and setup.run.max_staleness == 1
     assert setup.trainer.optim.total_steps == setup.run.steps  # the schedule spans the run
@@ -54,12 +47,12 @@ def test_the_default_config_is_the_embedded_setup():
 
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
 def test_the_ray_cluster_group_is_typed():
-    ray = typed_config(compose_plain(["cluster=ray", "cluster.num_workers=3"])).cluster
+    ray = typed_config(compose_train(["cluster=ray", "cluster.num_workers=3"])).cluster
     assert ray.name == "ray" and ray.ray.num_workers == 3 and ray.distributed.mode == "auto"
 
 
 def test_the_slurm_cluster_group_is_typed():
-    slurm = typed_config(compose_plain(["cluster=slurm"])).cluster
+    slurm = typed_config(compose_train(["cluster=slurm"])).cluster
     assert slurm.ray is None and slurm.distributed.mode == "slurm" and slurm.distributed.port == 8476
 
 
@@ -75,5 +68,5 @@ def test_the_slurm_cluster_group_is_typed():
 ])
 def test_bad_group_values_are_one_line_errors(override, message):
     with pytest.raises(ValueError, match=message) as info:
-        typed_config(compose_plain([override]))
+        typed_config(compose_train([override]))
     assert "\n" not in str(info.value)

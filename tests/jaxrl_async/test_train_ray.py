@@ -19,11 +19,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-from hydra import compose, initialize_config_dir  # noqa: E402
 
 from jaxrl_async.train import TrainJob, typed_config  # noqa: E402
 from planner.audit import audit  # noqa: E402
-from tests.jaxrl_async.train_runs import CONF_DIR, StepProbe, read_jsonl  # noqa: E402
+from tests.jaxrl_async.train_runs import StepProbe, compose_train, read_jsonl  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")
 ETA = 1
@@ -39,9 +38,7 @@ def ray_session():
 
 
 def _job(run_dir: Path) -> TrainJob:
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=RUN)
-    return TrainJob(typed_config(cfg), run_dir)
+    return TrainJob(typed_config(compose_train(RUN)), run_dir)
 
 
 def _assert_strict_and_complete(run_dir: Path, summary: dict) -> None:

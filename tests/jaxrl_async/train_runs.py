@@ -7,7 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 
+from jaxrl_async.config_nodes import register_config_nodes
 from jaxrl_async.train import TrainJob, typed_config
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -16,10 +18,15 @@ CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 QUIET = ["progress=off", "tensorboard=false", "export_hf=false", "engine.num_slots=32", "engine.max_len=64"]
 
 
-def make_job(run_dir: Path, overrides: list[str]) -> TrainJob:
+def compose_train(overrides: list[str]) -> DictConfig:
+    """`conf/train.yaml` with `overrides`, as `python -m jaxrl_async.train` composes it."""
+    register_config_nodes()
     with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
-        cfg = compose("train", overrides=QUIET + overrides)
-    return TrainJob(typed_config(cfg), run_dir)
+        return compose("train", overrides=overrides)
+
+
+def make_job(run_dir: Path, overrides: list[str]) -> TrainJob:
+    return TrainJob(typed_config(compose_train(QUIET + overrides)), run_dir)
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
