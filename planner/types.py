@@ -110,3 +110,19 @@ class Status(enum.IntEnum):
 
 # (version, tokens) pairs: a group's token counts by generation version.
 Versions = list[tuple[int, int]]
+
+
+# How a generation worker takes new weights: one vocabulary for the simulator
+# (`sim.workers.sync_mode`), the JAX engine and vLLM (`engine.sync_mode`); DESIGN §5.3.
+#   partial   in-flight samples continue on the new weights (partial rollout)
+#   drain     in-flight samples finish on the old weights, then the weights swap
+#   resubmit  vLLM only: abort in flight, push, resubmit each sample as prompt + its tokens so far
+SYNC_MODES = ("partial", "drain", "resubmit")
+RENAMED_SYNC_MODES = {"inflight": "partial", "keep": "partial"}  # the simulator's and vLLM's old words
+
+
+def check_sync_mode(key: str, value: str, supported: tuple[str, ...]) -> None:
+    """`value` is one of `supported` (a backend's part of SYNC_MODES); an old word names its new one."""
+    if value in RENAMED_SYNC_MODES:
+        raise ValueError(f"{key}={value!r} is now {RENAMED_SYNC_MODES[value]!r}")
+    check(value in supported, key, value, f"must be one of {', '.join(supported)}")

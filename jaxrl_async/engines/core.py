@@ -60,6 +60,7 @@ from jaxrl_async.models.config import DTYPES, ModelConfig
 from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
 from planner.configs import check
+from planner.types import check_sync_mode
 
 SyncMode = Literal["partial", "drain"]
 
@@ -120,7 +121,7 @@ class EngineConfig:
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 1, f"{p}.{name}", value, "must be an int >= 1")
         check(self.min_bucket <= self.max_len, f"{p}.min_bucket", self.min_bucket, f"must be <= max_len={self.max_len}")
-        check(self.sync_mode in ("partial", "drain"), f"{p}.sync_mode", self.sync_mode, "must be 'partial' or 'drain'")
+        check_sync_mode(f"{p}.sync_mode", self.sync_mode, ("partial", "drain"))  # resubmit: vLLM only
         check(isinstance(self.stream_every, int) and self.stream_every >= 0, f"{p}.stream_every", self.stream_every,
               "must be an int >= 0")
         check(self.cache_dtype is None or self.cache_dtype in DTYPES, f"{p}.cache_dtype", self.cache_dtype,

@@ -14,8 +14,8 @@ loop and talks to it through `AsyncLLM`. What it adds on top:
   (`CompletionOutput.weight_versions`). So versions are vLLM's own observation, never a guess
   from arrival times. The price: a sample's tokens are delivered when its vLLM request ends (one
   piece per sample per segment), not streamed token by token.
-- **Weight updates** (`sync_mode`):
-  * `keep` (partial rollout): `pause_generation(mode="keep")` -> push -> set version ->
+- **Weight updates** (`sync_mode`, planner/types.py SYNC_MODES):
+  * `partial` (partial rollout): `pause_generation(mode="keep")` -> push -> set version ->
     `resume_generation()`. In-flight requests stay queued and continue on the new weights. With
     `recompute_kv` (default) the paused requests' KV cache is dropped and recomputed with the new
     weights on resume; without, decoding continues on the old-weight KV (faster, less exact).
@@ -48,8 +48,9 @@ from jaxrl_async.engines.vllm_weights import WeightChecker, to_torch
 from jaxrl_async.transports import TRANSPORTS, make_transport
 from planner.configs import build, check
 from planner.driver import append_run
+from planner.types import check_sync_mode
 
-SYNC_MODES = ("keep", "resubmit", "drain")
+SYNC_MODES = ("partial", "resubmit", "drain")  # every weight-sync mode (planner/types.py SYNC_MODES)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ class VllmEngineConfig:
 
     Attributes:
       sync_mode: how an update treats in-flight requests (SYNC_MODES, module docstring).
-      recompute_kv: keep mode: drop the paused requests' KV and recompute it on the new weights.
+      recompute_kv: partial mode: drop the paused requests' KV and recompute it on the new weights.
       transport: weight transport name (jaxrl_async.transports.TRANSPORTS).
       transport_options: keyword options of the transport (disk: directory, keep; nccl: master_port).
       model_dir: where the initial HF checkpoint is written for vLLM to load; None = a temp dir.
@@ -73,7 +74,7 @@ class VllmEngineConfig:
       engine_args: any other `AsyncEngineArgs` field, passed through.
     """
 
-    sync_mode: str = "keep"
+    sync_mode: str = "partial"
     recompute_kv: bool = True
     transport: str = "memory"
     transport_options: dict = field(default_factory=dict)
@@ -88,7 +89,7 @@ class VllmEngineConfig:
     engine_args: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check(self.sync_mode in SYNC_MODES, "engine.sync_mode", self.sync_mode, f"must be one of {SYNC_MODES}")
+        check_sync_mode("engine.sync_mode", self.sync_mode, SYNC_MODES)
         check(self.transport in TRANSPORTS, "engine.transport", self.transport, f"must be one of {sorted(TRANSPORTS)}")
         for name in ("max_num_seqs", "max_model_len", "tensor_parallel_size"):
             check(getattr(self, name) >= 1, f"engine.{name}", getattr(self, name), "must be >= 1")
@@ -275,7 +276,8 @@ class VllmEngine(GenerationEngine):
             if mode == "resubmit":
                 await self._update_resubmit(tensors, version)
                 return
-            await self._llm.pause_generation(mode="keep" if mode == "keep" else "wait",
+            # vLLM's pause mode "keep" holds in-flight requests (ours: partial); "wait" drains them.
+            await self._llm.pause_generation(mode="keep" if mode == "partial" else "wait",
                                              clear_cache=self.config.recompute_kv or mode == "drain")
             try:
                 await self._push(tensors, version)

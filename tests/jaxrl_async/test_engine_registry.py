@@ -33,3 +33,12 @@ def test_the_jax_builder_makes_an_engine_and_vllm_refuses_a_mesh():
     assert isinstance(engine, JaxEngine) and engine.core.config.num_slots == 2
     with pytest.raises(ValueError, match="vLLM places itself"):
         build_engine("vllm", VllmEngineConfig(), loaded, mesh=object())
+
+
+def test_both_engines_speak_the_one_weight_sync_vocabulary():
+    assert VllmEngineConfig().sync_mode == EngineConfig().sync_mode == "partial"
+    assert engine_config("vllm", {"sync_mode": "resubmit"}).sync_mode == "resubmit"
+    with pytest.raises(ValueError, match=r"^engine.sync_mode='keep' is now 'partial'$"):
+        engine_config("vllm", {"sync_mode": "keep"})
+    with pytest.raises(ValueError, match=r"^EngineConfig.sync_mode='resubmit': must be one of partial, drain$"):
+        engine_config("jax", {"sync_mode": "resubmit"})

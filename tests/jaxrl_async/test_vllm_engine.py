@@ -188,7 +188,7 @@ def test_resubmit_mode_continues_from_the_prefix_with_per_token_versions(h):
     try:
         _partial_rollout(h, "r0", seed=3)
     finally:
-        h.engine.config = dataclasses.replace(h.engine.config, sync_mode="keep")
+        h.engine.config = dataclasses.replace(h.engine.config, sync_mode="partial")
 
 
 def test_disk_transport_pushes_through_a_shared_directory(h, tmp_path):
