@@ -1,0 +1,33 @@
+"""Import boundaries: planner/ stays pure (no jax, asyncio or jaxrl_async), and the runtime does
+not depend on where its processes run (no jaxrl_async.cluster from jaxrl_async/runtime/)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def imports(path: Path) -> set[str]:
+    """Every absolute module name `path` imports, at module level or inside a function."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module)
+    return found
+
+
+def offenders(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(f"{path.relative_to(REPO)} imports {name}" for path in (REPO / folder).rglob("*.py")
+                  for name in imports(path) if any(name == f or name.startswith(f + ".") for f in forbidden))
+
+
+def test_the_planner_imports_neither_jax_nor_asyncio_nor_the_trainer():
+    assert offenders("planner", ("jax", "jaxlib", "flax", "optax", "asyncio", "jaxrl_async", "vllm", "ray")) == []
+
+
+def test_the_runtime_does_not_import_the_cluster_package():
+    assert offenders("jaxrl_async/runtime", ("jaxrl_async.cluster",)) == []
