@@ -1,7 +1,8 @@
 """Decoder-only LM for the Llama / Qwen2 / Qwen3 family, in Flax NNX.
 
 Read top to bottom: RoPE tables, RMSNorm, the KV cache, attention (GQA, optional Qwen biases
-and q/k norm), SwiGLU MLP, one decoder layer, the `Transformer`, and the generation forward.
+and q/k norm), SwiGLU MLP, one decoder layer, the remat policies of the layer scan, the
+`Transformer`, and the generation forward.
 
 Two layouts of the same parameters, for two jobs:
 - training / scoring (`Transformer.__call__`): layer parameters stacked along a leading `layers`
@@ -32,12 +33,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_async.models.config import ModelConfig
 
 # Logical axis names used in `logical_axes` metadata (see jaxrl_async/sharding.py).
 LAYERS, VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP = (
     "layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
+
+# The attention's output and log-sum-exp, named with `checkpoint_name` for REMAT_POLICIES.
+ATTN_OUT, ATTN_LSE = "attn_out", "attn_lse"
 
 
 def _dtype(cfg: ModelConfig) -> jnp.dtype:
@@ -225,6 +230,9 @@ def _attention_fwd(q, kt, v, mask):
     total = jnp.sum(exp, axis=-1, keepdims=True)
     out = jnp.matmul((exp / total).astype(v.dtype), v)  # [B, K, G*T, D]
     lse = top + jnp.log(total)  # [B, K, G*T, 1]
+    # Named for REMAT_POLICIES: with these two kept, a rematerialised layer's backward pass does
+    # not recompute the quadratic forward above (the backward recomputes the scores regardless).
+    out, lse = checkpoint_name(out, ATTN_OUT), checkpoint_name(lse, ATTN_LSE)
     return _from_heads(out, q.shape[1]), (q, kt, v, mask, out, lse)
 
 
@@ -446,6 +454,32 @@ def _logits(cfg: ModelConfig, x: jax.Array, final_norm: jax.Array, embed: jax.Ar
     return logits.reshape(*x.shape[:-1], -1).astype(jnp.float32)
 
 
+# Rematerialisation (`Transformer.__call__(remat=...)`, `TrainerConfig.remat`): the scanned layer
+# runs under `jax.checkpoint` with one of these policies, which says what its backward pass may
+# keep; the rest is recomputed from the layer's input (the scan carry, always kept). "none" does
+# not wrap the layer: autodiff keeps what it needs, the attention and MLP their custom_vjp
+# residuals. To add one: a name and a `jax.checkpoint_policies` policy; the config validates
+# against REMAT_CHOICES.
+_cp = jax.checkpoint_policies
+_ATTENTION = _cp.save_only_these_names(ATTN_OUT, ATTN_LSE)
+REMAT_POLICIES = {
+    # The layer input only: the backward pass runs every layer's forward again.
+    "full": _cp.nothing_saveable,
+    # Every matmul output, so only elementwise ops (norms, RoPE, SiLU) are recomputed; inside the
+    # attention that is its output and log-sum-exp. Plain `dots_saveable` would keep the float32
+    # [T, S] score matrices instead, more than "none" keeps (1.3x the step's temporary memory at
+    # benchmarks/bench_remat.py's 4.7b shape), since the hand-written attention backward
+    # recomputes them.
+    "dots": _cp.save_from_both_policies(_cp.dots_saveable, _ATTENTION),
+    # The matmuls without batch dimensions (projections, MLP); the attention is recomputed.
+    "dots_no_batch": _cp.dots_with_no_batch_dims_saveable,
+    # The attention's output and log-sum-exp only: about "full"'s memory (one [B, T, H, D]
+    # activation more per layer) without recomputing the quadratic attention forward.
+    "save_attn": _ATTENTION,
+}
+REMAT_CHOICES = ("none", *REMAT_POLICIES)
+
+
 class Transformer(nnx.Module):
     """Token ids -> float32 logits: the training / teacher-forced scoring forward.
 
@@ -465,7 +499,7 @@ class Transformer(nnx.Module):
             self.lm_head = params["lm_head"]
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 segments: jax.Array | None = None) -> jax.Array:
+                 segments: jax.Array | None = None, *, remat: str = "none") -> jax.Array:
         """tokens/positions int32 [B, T] -> float32 logits [B, T, V].
 
         Causal attention among the T tokens of a row (right padding is harmless); with
@@ -478,6 +512,10 @@ class Transformer(nnx.Module):
         def layer(x, p):
             return decoder_layer(cfg, p, x, cos, sin, attend)[0], None
 
+        if remat != "none":
+            # prevent_cse=False: the scan already keeps XLA from merging the recompute back into
+            # the forward pass, so prevent_cse's optimization barriers would only constrain it.
+            layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
         x, _ = jax.lax.scan(layer, x, self.layers.stacked())
         lm_head = None if cfg.tie_word_embeddings else self.lm_head[...]
         return _logits(cfg, x, self.final_norm[...], self.embed[...], lm_head)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxrl_async.models.transformer import REMAT_CHOICES
 from jaxrl_async.trainer.losses import LossConfig
 from jaxrl_async.trainer.optim import OptimConfig
 from planner.configs import check
@@ -52,6 +53,10 @@ class TrainerConfig:
     # Params and optimizer state stay float32; "bfloat16" casts the params for the forward and
     # backward pass (gradients flow back to the float32 master weights).
     compute_dtype: str = "float32"
+    # Rematerialisation of each layer for the backward pass: "none" keeps every activation it
+    # needs, "full" only each layer's input (recomputing the layer), the other names keep what
+    # their jax.checkpoint policy saves (jaxrl_async/models/transformer.py REMAT_POLICIES).
+    remat: str = "none"
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def __post_init__(self) -> None:
@@ -59,3 +64,4 @@ class TrainerConfig:
               self.num_microbatches, "must be an int >= 1")
         check(self.compute_dtype in COMPUTE_DTYPES, "TrainerConfig.compute_dtype", self.compute_dtype,
               f"must be one of {COMPUTE_DTYPES}")
+        check(self.remat in REMAT_CHOICES, "trainer.remat", self.remat, f"must be one of {', '.join(REMAT_CHOICES)}")

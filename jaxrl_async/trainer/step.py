@@ -41,14 +41,15 @@ def _cast_floats(tree: Params, dtype: str) -> Params:
 
 
 def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                      compute_dtype: str = "float32") -> tuple[jax.Array, jax.Array]:
+                      compute_dtype: str = "float32", remat: str = "none") -> tuple[jax.Array, jax.Array]:
     """Per-token log-prob of tokens[:, t] given tokens[:, :t], and the entropy of that prediction.
 
     tokens [B, T] int32 -> (logprobs [B, T] f32, entropy [B, T] f32); column 0 (no prefix) is 0.
+    `remat` (`TrainerConfig.remat`) only changes what a backward pass keeps, never the values.
     """
     model = nnx.merge(graphdef, _cast_floats(params, compute_dtype))
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    logits = model(tokens, positions)  # [B, T, V] f32
+    logits = model(tokens, positions, remat=remat)  # [B, T, V] f32
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)  # [B, T-1, V]
     token_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]  # [B, T-1]
     entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [B, T-1]
@@ -80,7 +81,7 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
     micro = _split_rows(rows, cfg.num_microbatches)
 
     def micro_loss(p: Params, mb: dict) -> tuple[jax.Array, dict]:
-        logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype)
+        logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype, cfg.remat)
         terms = {k: v for k, v in mb.items() if k != "tokens"}
         return policy_loss(logprobs, cfg=cfg.loss, entropy=entropy, **terms)
 
