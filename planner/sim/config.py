@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner.configs import build, check
+from planner.types import check_sync_mode
 
-SYNC_MODES = ("drain", "inflight")
+SYNC_MODES = ("partial", "drain")  # the simulator's part of planner/types.py SYNC_MODES
 RECOVERY_MODES = ("resume", "regenerate")
 
 
@@ -31,7 +32,7 @@ class WorkerConfig:
     decode_beta: float = 1e-4  # s per decode step per active sequence (KV reads)
     prefill_per_token: float = 2e-5  # s per prompt (or resumed prefix) token; stalls that worker's decode
     t_sync: float = 2.0  # s to load new weights on one worker
-    sync_mode: str = "inflight"  # drain: finish in-flight, then load | inflight: pause, partial rollout
+    sync_mode: str = "partial"  # partial: load now, in-flight samples continue | drain: finish in-flight, then load
 
     def __post_init__(self) -> None:
         p = "sim.workers"
@@ -46,7 +47,7 @@ class WorkerConfig:
             check(getattr(self, name) > 0, f"{p}.{name}", getattr(self, name), "must be > 0")
         for name in ("decode_beta", "prefill_per_token", "t_sync"):
             check(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
-        check(self.sync_mode in SYNC_MODES, f"{p}.sync_mode", self.sync_mode, f"must be one of {', '.join(SYNC_MODES)}")
+        check_sync_mode(f"{p}.sync_mode", self.sync_mode, SYNC_MODES)
 
     def speed(self, index: int) -> float:
         return 1.0 if self.speeds is None else self.speeds[index]

@@ -89,7 +89,7 @@ class Simulator:
         data_rng, fault_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
         self.window = AdmissionWindow(workload, data_rng, cfg.admission_window or 2 * ctx.batch_groups)
         self.workers = [Worker(i, cfg.workers) for i in range(cfg.workers.num_workers)]
-        self.inflight_sync = cfg.workers.sync_mode == "inflight"
+        self.partial_sync = cfg.workers.sync_mode == "partial"
         self.trainer = Trainer(cfg.trainer, ctx.total_steps)
         self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
         self.metrics = RunMetrics()
@@ -318,7 +318,7 @@ class Simulator:
         self.published = version
         self._apply(self.p.on_version_published(version=version, now=self.now), "on_version_published")
         for w in live:
-            if self.inflight_sync:
+            if self.partial_sync:
                 self._load(w, version)
                 self._kick(w, force=True)
             else:

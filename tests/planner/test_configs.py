@@ -55,6 +55,12 @@ def test_defaults_are_plain_data_with_the_missing_mark_for_required_fields():
     assert defaults(SimConfig)["faults"]["events"] == [] and defaults(SimConfig)["workers"]["speeds"] is None
 
 
+def test_the_simulators_old_sync_word_names_the_new_one():
+    assert WorkerConfig().sync_mode == "partial"
+    with pytest.raises(ValueError, match=r"^sim\.workers\.sync_mode='inflight' is now 'partial'$"):
+        build(SimConfig, {"workers": {"sync_mode": "inflight"}}, "sim")
+
+
 def test_a_fault_event_is_built_by_the_same_builder():
     with pytest.raises(ValueError, match=r"sim\.faults\.events\[0\]\.worker: required key missing"):
         build(SimConfig, {"faults": {"events": [{"time": 1.0}]}}, "sim")

@@ -42,7 +42,7 @@ def test_a_run_is_a_function_of_its_seed(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["lookahead", "nemo_in_order", "verl_drop", "prime_rl", "dressage", "areal"])
-@pytest.mark.parametrize("sync_mode", ["inflight", "drain"])
+@pytest.mark.parametrize("sync_mode", ["partial", "drain"])
 def test_every_admitted_group_is_trained_or_dropped_exactly_once(tmp_path, name, sync_mode):
     ctx = PlanContext(8, 4, 1, 15)
     cfg = SimConfig(workers=WorkerConfig(num_workers=3, sync_mode=sync_mode, max_concurrency=16),
@@ -66,7 +66,7 @@ def trace(tmp_path, lengths):
     return {"name": "trace", "path": str(path)}
 
 
-@pytest.mark.parametrize(("sync_mode", "expected"), [("inflight", [[0, 9], [1, 1]]), ("drain", [[0, 10]])])
+@pytest.mark.parametrize(("sync_mode", "expected"), [("partial", [[0, 9], [1, 1]]), ("drain", [[0, 10]])])
 def test_drain_keeps_one_version_per_group_and_inflight_splits_at_the_update(tmp_path, sync_mode, expected):
     # one worker, 1 s a decode step; g0 (4 tokens) is trained 4..9 s, so v1 reaches the worker at t=9:
     # g1 (10 tokens, started at 0) has 9 tokens on v0 then; drain finishes g1 on v0 before loading.

@@ -49,7 +49,7 @@ def workloads(draw):
 
 @st.composite
 def clusters(draw, group_size: int):
-    """Workers (uneven speeds, slot limits down to one group, drain/inflight sync), trainer, faults."""
+    """Workers (uneven speeds, slot limits down to one group, drain/partial sync), trainer, faults."""
     num_workers = draw(st.integers(1, 4))
     workers = {
         "num_workers": num_workers,
@@ -59,7 +59,7 @@ def clusters(draw, group_size: int):
         "decode_alpha": draw(st.sampled_from((0.01, 0.1, 1.0))),
         "prefill_per_token": draw(st.sampled_from((0.0, 0.01))),
         "t_sync": draw(st.sampled_from((0.0, 0.5, 5.0, 30.0))),
-        "sync_mode": draw(st.sampled_from(("drain", "inflight"))),
+        "sync_mode": draw(st.sampled_from(("drain", "partial"))),
     }
     restart_after = draw(st.sampled_from((None, 0.0, 3.0, 40.0)))
     # Without restarts at least one worker must survive (else no policy can finish: honest limit).
