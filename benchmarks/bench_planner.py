@@ -2,7 +2,7 @@
 
     python benchmarks/bench_planner.py [--seeds 3] [--steps 100] [--etas 1 2 4] [--jobs 2] [--out DIR]
 
-Scenarios (DESIGN §4; issue "Planner" item 6): heavy-tail lengths, bimodal lengths, a
+Scenarios (docs/design.md §4; issue "Planner" item 6): heavy-tail lengths, bimodal lengths, a
 slot-limited engine (max concurrency below the admission quota), uneven workers (drain sync),
 worker faults (regenerate). Per policy and cell: groups/hour, trainer and generator busy
 fractions, stale drops, end-of-run leftovers, wasted tokens, max and mean staleness, and the

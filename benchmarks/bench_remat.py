@@ -48,7 +48,7 @@ from jaxrl_async.trainer.optim import OptimConfig, make_optimizer
 from jaxrl_async.trainer.step import train_step
 
 # Flag defaults of a named shape (explicit flags still override them). "4.7b": the Llama-3.2-3B
-# layout of issue 12 (untied head, so ~3.6 B parameters as built here), bfloat16 compute.
+# layout with an untied head (~3.6 B parameters as built here), bfloat16 compute.
 PRESETS = {
     "4.7b": dict(layers=28, hidden=3072, heads=24, kv_heads=8, head_dim=128, intermediate=8192,
                  vocab=128256, dtype="bfloat16"),

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_sim_speed.py [--trajectories 1000000] [--policies nemo_ready_first,nemo_in_order]
 
-Target (DESIGN §4, "people run it in loops"): 1,000,000 trajectories in <= 60 s on one core.
+Target (docs/design.md §4, "people run it in loops"): 1,000,000 trajectories in <= 60 s on one core.
 B=64 groups of n=16 per step, lognormal workload, 8 workers, no ledger file (the ledger costs
 ~10-20%: pass --ledger DIR to include it).
 """

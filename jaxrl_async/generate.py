@@ -6,7 +6,7 @@
 Hydra composes `conf/generate.yaml` (group: model; `model.source=PATH` takes a HF directory or
 a .gguf file). The prompt goes through the model's chat template as one user message unless
 `chat=false` or the tokenizer has none. `output=text` prints the completion; `output=json`
-prints exactly one JSON object (DESIGN.md section 8):
+prints exactly one JSON object (docs/design.md §8):
 `{"prompt_ids", "token_ids", "text", "logprobs", "finish_reason"}`. Bad input — an unknown model
 or key, a bad value, a prompt that does not fit the model's context — is one line on stderr and
 exit status 1.

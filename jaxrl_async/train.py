@@ -1,4 +1,4 @@
-"""`python -m jaxrl_async.train [overrides]`: one async RL run (DESIGN §5, §8).
+"""`python -m jaxrl_async.train [overrides]`: one async RL run (docs/design.md §5, §8).
 
 Hydra composes `conf/train.yaml` (groups: model, task, policy, engine, trainer, cluster; the
 top-level keys are `RunConfig`'s). The generation engine is `engine=jax` (in-process) or
@@ -12,7 +12,7 @@ error. `TrainJob` builds the components, runs the `Controller`, and ends the run
 
     run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
     run_dir/metrics.jsonl    one record per step;  run_dir/tb/ the same in TensorBoard
-    run_dir/summary.json     DESIGN §8 keys (+ extensions, + the audit's verdict)
+    run_dir/summary.json     docs/design.md §8 keys (+ extensions, + the audit's verdict)
     run_dir/checkpoints/     orbax (every `checkpoint_every` steps, on SIGTERM, at the end)
     run_dir/hf/              the final policy as HF safetensors (export_hf)
 

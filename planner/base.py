@@ -1,9 +1,9 @@
 """The policy contract and the bookkeeping every policy shares.
 
-A *policy* decides the three control points of DESIGN §1: which groups start (L1 admission),
+A *policy* decides the three control points of docs/design.md §1: which groups start (L1 admission),
 which running groups are cancelled (L2), and which done groups form batch `k` (L3). It is
 synchronous and never reads a clock — the driver passes `now` — so the very same object runs in
-the discrete-event simulator and in the real runtime (STYLE brief 5).
+the discrete-event simulator and in the real runtime.
 
 Event protocol (the driver calls these; each returns a `Decision` to apply):
 

@@ -3,9 +3,9 @@
 A *driver* advances time and feeds a policy (`planner.base.Policy`) its events: the simulator
 (`planner.sim.engine`), the runtime (`jaxrl_async.runtime.controller`) and the test drivers
 (`tests/planner/scripted.py`, `tests/planner/adversarial.py`). What they must do alike lives here,
-once, so they cannot drift apart (DESIGN §8):
+once, so they cannot drift apart (docs/design.md §8):
 
-1. **Applying a Decision** (DESIGN §8.6). A driver implements `DecisionHost` — one query, `held`
+1. **Applying a Decision** (docs/design.md §8.6). A driver implements `DecisionHost` — one query, `held`
    (what it holds of a uid), and four synchronous hooks — and hands every `Decision` to
    `apply_decision`, which checks it and calls the hooks in the documented order:
 
@@ -24,7 +24,7 @@ once, so they cannot drift apart (DESIGN §8):
    `encode_runs` / `decode_runs`, `tokens_by_version`; staleness histograms: `add_staleness`,
    `staleness_max`, `staleness_mean`.
 
-3. **The run's files** (DESIGN §8.1, §8.3): `summary` builds `summary.json` (the `SUMMARY_KEYS` in
+3. **The run's files** (docs/design.md §8.1, §8.3): `summary` builds `summary.json` (the `SUMMARY_KEYS` in
    order, then the driver's extensions) and `step_record` one `metrics.jsonl` record (the
    `STEP_KEYS` in order, then the driver's extensions), so `planner.plots` reads any run.
 
@@ -75,7 +75,7 @@ class DecisionHost(Protocol):
 
 
 def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -> None:
-    """Apply `d`, returned by the policy's `call`, to `host` (DESIGN §8.6): moves, drops, the
+    """Apply `d`, returned by the policy's `call`, to `host` (docs/design.md §8.6): moves, drops, the
     batch, then the admissions in list order. `policy` names the policy in error messages.
 
     Raises ValueError, before the offending item is applied, on a batch from any call but
@@ -187,7 +187,7 @@ def hist_json(hist: Mapping[int, int]) -> dict[str, int]:
 SUMMARY_FILE = "summary.json"
 METRICS_FILE = "metrics.jsonl"
 
-# summary.json (DESIGN §8.1): these first, in this order, from every driver.
+# summary.json (docs/design.md §8.1): these first, in this order, from every driver.
 SUMMARY_KEYS = (
     "policy", "max_staleness", "steps", "groups_admitted", "groups_trained", "groups_dropped",
     "tokens_trained", "tokens_wasted", "max_token_staleness", "mean_token_staleness",
@@ -195,7 +195,7 @@ SUMMARY_KEYS = (
     "steps_per_hour",
 )
 
-# metrics.jsonl (DESIGN §8.3): one record per trainer step, these first, in this order.
+# metrics.jsonl (docs/design.md §8.3): one record per trainer step, these first, in this order.
 STEP_KEYS = (
     "step",  # the trainer step
     "reward_mean",  # mean reward of the batch; null in the simulator (no model)

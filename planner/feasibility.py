@@ -1,4 +1,4 @@
-"""The EDF feasibility condition (F) of DESIGN §2, on deadline counts.
+"""The EDF feasibility condition (F) of docs/design.md §2, on deadline counts.
 
 At trainer step k, with U the admitted untrained groups and B groups per step, the schedule is
 feasible when, for every D >= k,

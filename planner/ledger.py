@@ -1,4 +1,4 @@
-"""The staleness ledger (DESIGN §8): the proof that a run kept its bound.
+"""The staleness ledger (docs/design.md §8): the proof that a run kept its bound.
 
 Every path that trains — simulator or real runtime — writes `ledger.jsonl` through
 `LedgerWriter`, one JSON object a line, in event order:

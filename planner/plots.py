@@ -1,5 +1,5 @@
 """Plots of a run or a comparison, from the files a run writes (`summary.json`, `metrics.jsonl`,
-`ledger.jsonl`), so the same functions serve simulated and real runs (STYLE brief 14): both
+`ledger.jsonl`), so the same functions serve simulated and real runs: both
 drivers write those files with `planner.driver`'s keys.
 
 Each function draws one figure into one file; matplotlib runs headless (Agg). `run_plots` draws a

@@ -1,4 +1,4 @@
-"""Length predictors for the lookahead planner (DESIGN §2, "Lookahead").
+"""Length predictors for the lookahead planner (docs/design.md §2, "Lookahead").
 
 A predictor estimates a group's longest response before it is admitted. The planner uses the
 estimate only to *order* admissions (long groups first, so the long tail starts early) and to

@@ -1,4 +1,4 @@
-"""Name -> policy class. Config validation checks names against this dict itself (STYLE 7)."""
+"""Name -> policy class. Config validation checks names against this dict itself, so a name cannot drift from the registry."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""`python -m planner.simulate`: run one policy on the simulated cluster (DESIGN §4, §8).
+"""`python -m planner.simulate`: run one policy on the simulated cluster (docs/design.md §4, §8).
 
     python -m planner.simulate policy=nemo_in_order max_staleness=2 batch_groups=32 group_size=8 \
         steps=200 seed=0 workload=trace workload.path=FILE sim=uneven hydra.run.dir=DIR

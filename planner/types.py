@@ -15,7 +15,7 @@ from planner.configs import check
 
 @dataclass(frozen=True, slots=True)
 class PlanContext:
-    """What every policy knows about the run before it starts (DESIGN §1)."""
+    """What every policy knows about the run before it starts (docs/design.md §1)."""
 
     batch_groups: int  # B: groups per optimizer step
     group_size: int  # n: trajectories per group
@@ -86,7 +86,7 @@ class Decision:
 
     `train` is only set by `select_batch`: the uids of batch `step`, or None to wait for the
     next event. Every driver applies a decision with `planner.driver.apply_decision`: `moves`
-    (to the ledger), `drop`, `train`, then `admit` in list order (DESIGN §8.6).
+    (to the ledger), `drop`, `train`, then `admit` in list order (docs/design.md §8.6).
     """
 
     admit: list[Admission] = field(default_factory=list)
@@ -113,7 +113,7 @@ Versions = list[tuple[int, int]]
 
 
 # How a generation worker takes new weights: one vocabulary for the simulator
-# (`sim.workers.sync_mode`), the JAX engine and vLLM (`engine.sync_mode`); DESIGN §5.3.
+# (`sim.workers.sync_mode`), the JAX engine and vLLM (`engine.sync_mode`); docs/design.md §5.3.
 #   partial   in-flight samples continue on the new weights (partial rollout)
 #   drain     in-flight samples finish on the old weights, then the weights swap
 #   resubmit  vLLM only: abort in flight, push, resubmit each sample as prompt + its tokens so far

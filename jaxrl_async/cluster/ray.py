@@ -13,7 +13,7 @@
 - **Faults**: when a worker dies (its process killed, its node lost), every request it held is
   handed to `on_lost(request_ids)` — the runtime calls the planner's fault path
   (`policy.on_group_lost(uid, prefix_kept=False)`) and resubmits, so nothing is lost and the
-  re-admission keeps the staleness bound (DESIGN §2). With `restart_lost` a replacement worker is
+  re-admission keeps the staleness bound (docs/design.md §2). With `restart_lost` a replacement worker is
   started (and given the newest weights) in the freed bundle. Without `on_lost` the loss is a
   one-line error on the output stream: silently dropping groups would break no-drop.
 

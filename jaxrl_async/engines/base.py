@@ -4,7 +4,7 @@ The async runtime talks to an engine only through `GenerationEngine`: it submits
 `GenerationRequest`s, reads `SampleOutput`s from one async stream, aborts requests, and pushes
 new weights. Every sampled token carries the log-prob the behaviour policy gave it and the
 weight version that sampled it, because the trainer's off-policy correction and the staleness
-ledger (DESIGN.md sections 1 and 8) need both.
+ledger (docs/design.md §1 and §8) need both.
 
 To add a backend: subclass `GenerationEngine` in `engines/<name>_engine.py`, keep every
 docstring promise below (each sample ends with exactly one `done=True` output, versions are
@@ -76,7 +76,7 @@ class GenerationRequest:
       prompt_ids: the prompt's token ids (chat template already applied), at least one.
       sampling: how to sample.
       priority: when the engine has more requests than free slots, the lowest value is admitted
-        first; ties go in submit order. The runtime passes the group's deadline (DESIGN.md 2).
+        first; ties go in submit order. The runtime passes the group's deadline (docs/design.md §2).
     """
 
     request_id: str

@@ -1,4 +1,4 @@
-"""Engine registry: `engine.name` -> its config dataclass and its builder (STYLE brief 7).
+"""Engine registry: `engine.name` -> its config dataclass and its builder.
 
 One place knows the backends. `engine_config` types a composed `engine=` group (train's
 `typed_config`); `build_engine` makes a backend's engine for a loaded model — in the trainer's

@@ -1,4 +1,4 @@
-"""JAX params -> checked, HF-named torch tensors for a vLLM weight push (STYLE brief item 10).
+"""JAX params -> checked, HF-named torch tensors for a vLLM weight push.
 
 vLLM would accept a renamed, transposed or float32-instead-of-bfloat16 tensor and either die in
 its worker (killing the engine) or, worse, generate from garbage. So every push is checked here,

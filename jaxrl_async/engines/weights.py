@@ -1,4 +1,4 @@
-"""Check new weights against the engine's before accepting them (STYLE.md brief item 10).
+"""Check new weights against the engine's before accepting them.
 
 A trainer that pushes weights with a renamed leaf, a transposed kernel or a float32 copy of
 bfloat16 weights would otherwise be caught only by a recompilation or, worse, silently produce

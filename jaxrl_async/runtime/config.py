@@ -1,8 +1,8 @@
-"""`RunConfig`: the typed, validated top level of `conf/train.yaml` (DESIGN §8 command line).
+"""`RunConfig`: the typed, validated top level of `conf/train.yaml` (docs/design.md §8 command line).
 
 Hydra composes the YAML; `planner.configs.build(RunConfig, top_level, "")` turns the top-level
 keys (everything that is not a config group) into one frozen dataclass, once, at the entry point
-(STYLE brief 3, `train.typed_config`). Unknown keys are an error naming the key.
+(`train.typed_config`). Unknown keys are an error naming the key.
 
 The defaults live here, once: the entry points store them as Hydra's `base/train` node
 (jaxrl_async/config_nodes.py), which `conf/train.yaml` lists first, so every field is a

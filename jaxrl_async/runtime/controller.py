@@ -22,7 +22,7 @@ Versions: version k+1 is published after step k even when the trainer skipped th
 non-finite loss): the weights equal v_k then, so labelling them k+1 only makes the ledger's
 staleness conservative, and the planner's "step k trains on v_k" stays exact. The engine holds
 only published versions and never goes back, so the policy's admission version (the synced
-version) is a lower bound of every token's version — the premise of DESIGN §2.
+version) is a lower bound of every token's version — the premise of docs/design.md §2.
 
 Faults: an engine that loses requests (a Ray generation worker died, cluster/ray.py) reports
 their ids to `on_requests_lost`; each still-generating group goes through the planner's fault

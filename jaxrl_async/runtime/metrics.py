@@ -1,4 +1,4 @@
-"""Run statistics, the per-step metric sinks, and `summary.json` (DESIGN §8).
+"""Run statistics, the per-step metric sinks, and `summary.json` (docs/design.md §8).
 
 `RunStats` accumulates what the summary reports — counts, the staleness histogram of trained
 tokens, busy seconds of the trainer and of the generator — and is saved in checkpoints so that a

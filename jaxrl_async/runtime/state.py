@@ -4,7 +4,7 @@ trainer's arrays.
 The controller produces a snapshot (`Controller.snapshot`) and continues from one
 (`Controller.restore`); this module only converts a snapshot to and from the checkpoint's JSON
 (`to_json` / `from_json`), whose format old checkpoints share. A snapshot holds what the run needs
-to continue as if it had not stopped (DESIGN §2: no group lost, none trained twice, the bound
+to continue as if it had not stopped (docs/design.md §2: no group lost, none trained twice, the bound
 kept across the restart):
 
 - `step`, `version` (what the engine held), `next_uid` (uids stay unique across segments);

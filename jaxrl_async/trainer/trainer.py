@@ -7,7 +7,7 @@ obscurely, and counts applied updates.
 
 `version` counts *applied* updates only: a step skipped for a non-finite loss or gradient
 leaves the weights, the optimizer state (its step count, hence the learning-rate schedule) and
-the version unchanged, so version v always names the weights after v updates (DESIGN 1).
+the version unchanged, so version v always names the weights after v updates (docs/design.md §1).
 """
 
 from __future__ import annotations

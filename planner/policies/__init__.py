@@ -1,7 +1,7 @@
-"""Every staleness policy, registered by name on import (DESIGN §3).
+"""Every staleness policy, registered by name on import (docs/design.md §3).
 
 Baselines, one module per framework, built from `planner.policies.blocks`; `lookahead` is ours
-(DESIGN §2). How to add one: write a module with a `@register`ed `PolicyBase` subclass and import
+(docs/design.md §2). How to add one: write a module with a `@register`ed `PolicyBase` subclass and import
 it here.
 """
 

@@ -1,13 +1,13 @@
-"""`lookahead`: strict staleness bound η with zero drops (DESIGN §2).
+"""`lookahead`: strict staleness bound η with zero drops (docs/design.md §2).
 
 Each admitted group g gets the window [a(g), a(g)+η] — a(g) the version the workers hold when it
 is admitted, a lower bound of every token's version since weights only move forward — and the
 deadline d(g) = a(g)+η. The planner keeps the EDF condition (F) of `planner.feasibility` true:
 
 - L1 admission: a new group (deadline d = synced+η) is admitted only while (F) still holds with
-  it and |U|+1 <= B·(a+η−k+1), a = synced — the quota of DESIGN §2. (With deadlines refined past
+  it and |U|+1 <= B·(a+η−k+1), a = synced — the quota of docs/design.md §2. (With deadlines refined past
   a+η, (F) alone would admit more groups on an old synced version; with drain syncs and uneven
-  workers that delayed syncs and measured 3% slower at η=4, so the quota keeps the volume.)
+  workers the extra volume delays syncs and costs throughput at η=4, so the quota keeps it.)
   The run admits at most B·S groups in all, so every admitted group is trained by the last step.
 - L3 selection: the B done groups with the earliest deadline (ties: earlier completion, uid — the
   output-queue order NeMo-RL's samplers use; it measured 0.1-0.5% better than admission order), kept

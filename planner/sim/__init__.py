@@ -1,4 +1,4 @@
-"""Discrete-event simulator of an async RL cluster (DESIGN §4): generation workers with continuous
+"""Discrete-event simulator of an async RL cluster (docs/design.md §4): generation workers with continuous
 batching, a trainer, weight syncs, faults and response-length workloads, driving any policy through
 the same event protocol as the real runtime.
 

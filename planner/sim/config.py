@@ -1,7 +1,7 @@
-"""Typed, validated configuration of the simulated cluster (DESIGN §4).
+"""Typed, validated configuration of the simulated cluster (docs/design.md §4).
 
 Hydra composes plain mappings from `conf/sim/*.yaml`; `planner.configs.build(SimConfig, mapping,
-"sim")` turns them into these frozen dataclasses, once, at the entry point (STYLE brief 3).
+"sim")` turns them into these frozen dataclasses, once, at the entry point.
 Unknown keys are errors: a typo in a sweep must not silently run the default. Defaults live only
 in these dataclasses; the YAML files override what differs.
 

@@ -1,7 +1,7 @@
 """The simulator: drives a staleness policy through the event protocol of `planner.base`.
 
     sim = Simulator(policy, ctx, workload, SimConfig(), seed=0, ledger=LedgerWriter(path))
-    result = sim.run()          # SimResult: summary (DESIGN §8 keys), per-step rows, deadlock flag
+    result = sim.run()          # SimResult: summary (docs/design.md §8 keys), per-step rows, deadlock flag
 
 The loop is vidur's: pop the earliest `(time, kind, seq)` event, set the clock, run its handler,
 push the events the handler returns. Handlers never touch the heap; what they schedule is

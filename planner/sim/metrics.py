@@ -1,9 +1,9 @@
 """The simulator's run metrics: what was trained, dropped and wasted, and its two output files.
 
-Both files have the runtime's keys, built by `planner.driver` (STYLE brief 14), so `planner.plots`
+Both files have the runtime's keys, built by `planner.driver`, so `planner.plots`
 reads either driver's runs:
 
-- `summary.json`: `driver.summary` — the DESIGN §8 keys (`driver.SUMMARY_KEYS`) first, then the
+- `summary.json`: `driver.summary` — the docs/design.md §8 keys (`driver.SUMMARY_KEYS`) first, then the
   simulator's extensions (`trajectories_trained`, `drops_by_reason`, and the engine's). Staleness
   counts only what was trained: each trained token has staleness `train step − its version`, and
   the histogram counts tokens.

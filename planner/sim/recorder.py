@@ -1,6 +1,6 @@
 """Record the event stream a driver feeds a policy, and replay it on a fresh policy.
 
-A policy is synchronous and clock-free (STYLE brief 5), so its decisions are a function of the
+A policy is synchronous and clock-free, so its decisions are a function of the
 calls it received. The parity test proves it: record every call the simulator (or the runtime)
 makes, with its arguments and the returned `Decision`, replay the calls on a new policy object and
 compare. `dump`/`load` write the stream as JSONL so the runtime's parity test can reuse it.

@@ -1,4 +1,4 @@
-"""Workload traces (DESIGN §8): one group a line, `{"prompt_id": P, "lengths": [l1, ..., ln]}`
+"""Workload traces (docs/design.md §8): one group a line, `{"prompt_id": P, "lengths": [l1, ..., ln]}`
 with an optional `"prompt_tokens": m`.
 
 A trace records real response lengths (from a serving log or an earlier training run) so that the

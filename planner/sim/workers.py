@@ -1,4 +1,4 @@
-"""One generation worker: continuous batching with a memory-bound decode step (DESIGN §4).
+"""One generation worker: continuous batching with a memory-bound decode step (docs/design.md §4).
 
 Every decode step advances *all* active sequences by one token and costs `α + β·active`
 seconds (divided by the worker's speed factor). So between two changes of the active set every

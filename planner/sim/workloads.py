@@ -1,4 +1,4 @@
-"""Response-length workloads: how long each trajectory of each group is (DESIGN §4).
+"""Response-length workloads: how long each trajectory of each group is (docs/design.md §4).
 
 A workload draws, vectorized, a block of groups: prompt ids, prompt lengths and an `[G, n]` array
 of response lengths. Every synthetic workload multiplies a per-prompt *difficulty* factor
@@ -184,7 +184,7 @@ class HeavyTail(Workload):
 
 @dataclass(frozen=True)
 class TraceParams:
-    path: str  # JSONL trace (DESIGN §8); cycled when the run needs more groups; required
+    path: str  # JSONL trace (docs/design.md §8); cycled when the run needs more groups; required
     prompt_tokens: int = 256  # for lines without "prompt_tokens"
 
     def __post_init__(self) -> None:

@@ -1,4 +1,4 @@
-"""`python -m jaxrl_async.generate`: the DESIGN.md section 8 command line."""
+"""`python -m jaxrl_async.generate`: the docs/design.md §8 command line."""
 
 import importlib.util
 import json

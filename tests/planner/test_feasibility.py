@@ -1,4 +1,4 @@
-"""Condition (F) and the admission quota of DESIGN §2.2-§2.3, pinned on hand-made cases and against
+"""Condition (F) and the admission quota of docs/design.md §2.2-§2.3, pinned on hand-made cases and against
 a brute force that does not share the prefix-sum argument of `planner/feasibility.py`.
 
 (F) at step k, B groups a step: for every D >= k, |{g in U : d(g) <= D}| <= B·(D − k + 1), and no
@@ -352,7 +352,7 @@ def test_moving_any_deadline_later_never_breaks_F_nor_shrinks_any_room(case, dat
 @settings(max_examples=200, deadline=None)
 @given(case=feasible_sets(), offset=st.integers(-2, 8))
 def test_the_lookahead_window_never_exceeds_room_F(case, offset):
-    """B·(d − k + 1) − |U| <= room_F(d) for every feasible U: the window quota alone keeps (F) (DESIGN §2.8 (i))."""
+    """B·(d − k + 1) − |U| <= room_F(d) for every feasible U: the window quota alone keeps (F) (docs/design.md §2.8 (i))."""
     counts, k, B = case
     d = k + offset
     window = B * (d - k + 1) - sum(counts.values())
@@ -405,7 +405,7 @@ def test_the_quota_is_the_most_groups_due_at_a_plus_eta_that_every_rule_admits_b
                if v is not None and max(0, v) == expected]
     event(f"quota {'> 0' if expected else '= 0'}, bound by " + " and ".join(binding))
     assert p.admission_quota(now=0) == expected
-    # Admitting that many keeps (F) (DESIGN §2.8 (i)): the lookahead quota is never above room_F.
+    # Admitting that many keeps (F) (docs/design.md §2.8 (i)): the lookahead quota is never above room_F.
     admitted = p.admit(now=0, candidates=[Candidate(1000 + i, i) for i in range(expected + 3)]).admit
     assert len(admitted) == expected and all(x.deadline == d for x in admitted)
     assert fits(p.counts, k, B)

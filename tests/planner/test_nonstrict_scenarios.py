@@ -1,4 +1,4 @@
-"""The reference's "strict" column, reproduced on the simulator (reference Part II §4, DESIGN §3).
+"""The reference's "strict" column, reproduced on the simulator (reference Part II §4, docs/design.md §3).
 
 For every baseline the reference calls *not* strict there is one generated scenario — a trace
 written into `tmp_path` plus a small cluster — built on the mechanism the reference names for
@@ -28,7 +28,7 @@ from planner.registry import POLICIES, policy_class
 from planner.sim.trace import TraceGroup, write_trace
 from planner.simulate import SimulateConfig, run_simulation
 
-# The reference's table (Part II §4 and the NeMo-RL sampler table), plus ours (DESIGN §2).
+# The reference's table (Part II §4 and the NeMo-RL sampler table), plus ours (docs/design.md §2).
 REFERENCE_STRICT = {
     "verl_drop": True, "verl_wait": False, "trl": True, "areal": False, "skyrl": False, "openrlhf": False,
     "slime": False, "roll": True, "prime_rl": True, "dressage": False, "nemo_windowed": True,

@@ -1,4 +1,4 @@
-"""The worked examples of the reference analysis (DESIGN §3), reproduced with the scripted driver.
+"""The worked examples of the reference analysis (docs/design.md §3), reproduced with the scripted driver.
 
 Each test names the framework and the passage of `shared/reference/000_fd4b886cabb725f0.txt` it
 reproduces; versions are written vK as there.

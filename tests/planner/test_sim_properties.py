@@ -1,4 +1,4 @@
-"""Property tests on the real simulator: random small clusters, workloads and faults (DESIGN §2, §7).
+"""Property tests on the real simulator: random small clusters, workloads and faults (docs/design.md §2, §7).
 
 Each example composes a typed run config (`SimulateConfig.from_mapping`, the CLI's own path), runs
 it with `run_simulation` and audits the ledger it wrote (`planner.audit`, which trusts nothing the
@@ -75,7 +75,7 @@ def clusters(draw, group_size: int):
             "admission_window": draw(st.sampled_from((None, 1, 3)))}
 
 
-# Our planner's own knobs: predictors only reorder admission, caps only lower the quota (DESIGN §2).
+# Our planner's own knobs: predictors only reorder admission, caps only lower the quota (docs/design.md §2).
 LOOKAHEAD_PARAMS = st.fixed_dictionaries({
     "predictor": st.sampled_from(("none", "history", "oracle")),
     "refine_on_start": st.booleans(),
