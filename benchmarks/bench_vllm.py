@@ -65,9 +65,9 @@ async def _measure(engine, args, params) -> dict:
 async def main(args) -> None:
     from flax import nnx
 
-    from jaxrl_async.engines.core import EngineConfig
-    from jaxrl_async.engines.jax_engine import JaxEngine
-    from jaxrl_async.engines.vllm_engine import VllmEngineConfig, make_engine
+    from jaxrl_async.engines.jax.core import EngineConfig
+    from jaxrl_async.engines.jax.engine import JaxEngine
+    from jaxrl_async.engines.vllm.engine import VllmEngineConfig, make_engine
     from jaxrl_async.models import Transformer
     from jaxrl_async.models.loading import LoadedModel
 

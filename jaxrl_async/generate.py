@@ -60,7 +60,7 @@ def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
 def generate(config: GenerateConfig) -> dict[str, Any]:
     """Load the model, run the prompt through an `EngineCore` of one slot, return the result."""
     from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-    from jaxrl_async.engines.core import EngineConfig, EngineCore
+    from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
     from jaxrl_async.models.loading import load_model
 
     loaded = load_model(config.model.source, dtype=config.model.dtype)

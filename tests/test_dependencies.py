@@ -45,9 +45,9 @@ FIRST_PARTY = {"planner", "jaxrl_async", "launch", "tests", "benchmarks"}
 # The files that only an extra's feature runs into, and that extra.
 FEATURE_FILES = {
     "jaxrl_async/cluster/ray.py": "ray",
-    "jaxrl_async/engines/vllm_compat.py": "vllm",
-    "jaxrl_async/engines/vllm_engine.py": "vllm",
-    "jaxrl_async/engines/vllm_weights.py": "vllm",
+    "jaxrl_async/engines/vllm/compat.py": "vllm",
+    "jaxrl_async/engines/vllm/engine.py": "vllm",
+    "jaxrl_async/engines/vllm/weights.py": "vllm",
     "jaxrl_async/transports/nccl.py": "vllm",
 }
 # Modules of optional distributions that may be absent here, so packages_distributions() cannot

@@ -13,7 +13,7 @@ every backend we run on). The rules:
   round); `false` takes process 0's devices that the trainer does not use, in order. One replica
   colocated with an unsharded trainer is today's engine on the default device (`mesh=None`);
   next to a sharded trainer it gets a one-device mesh, so the weight push regroups the trainer's
-  shards on device (engines/layout.py `regroup_for`) instead of reading them through the host.
+  shards on device (engines/jax/layout.py `regroup_for`) instead of reading them through the host.
 
 Each replica gets a (1, 1, T) mesh with the trainer's axis names, so the same logical-axis table
 (jaxrl_async/sharding.py) shards its weights and KV cache over `tensor`. A request for more

@@ -6,7 +6,7 @@ new weights. Every sampled token carries the log-prob the behaviour policy gave 
 weight version that sampled it, because the trainer's off-policy correction and the staleness
 ledger (docs/design.md §1 and §8) need both.
 
-To add a backend: subclass `GenerationEngine` in `engines/<name>_engine.py`, keep every
+To add a backend: subclass `GenerationEngine` in `engines/<name>/engine.py`, keep every
 docstring promise below (each sample ends with exactly one `done=True` output, versions are
 per token, log-probs are at temperature 1), and run the engine tests against it.
 """

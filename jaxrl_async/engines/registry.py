@@ -5,7 +5,7 @@ One place knows the backends. `engine_config` types a composed `engine=` group (
 process (`train.make_generation_engine`, which gives every replica its own copy of the model and
 its own mesh) and in a Ray worker (`cluster/ray.py build_engine`, one replica per worker).
 
-To add a backend: its `GenerationEngine` (`<name>_engine.py`) and config dataclass, a builder
+To add a backend: its `GenerationEngine` (`engines/<name>/engine.py`) and config dataclass, a builder
 `(config, loaded_model, mesh) -> GenerationEngine`, a `register_engine` call below, and
 `conf/engine/<name>.yaml` with `name: <name>`.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxrl_async.engines.base import GenerationEngine
-from jaxrl_async.engines.core import EngineConfig
-from jaxrl_async.engines.vllm_engine import VllmEngineConfig
+from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.engines.vllm.engine import VllmEngineConfig
 from planner.configs import build, check
 
 
@@ -53,14 +53,14 @@ def build_engine(name: str, config: Any, loaded_model: Any, *, mesh: Any = None)
 
 
 def _jax(config: EngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
-    from jaxrl_async.engines.jax_engine import JaxEngine
+    from jaxrl_async.engines.jax.engine import JaxEngine
 
     return JaxEngine(loaded.model, loaded.cfg, config, mesh=mesh)
 
 
 def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
     check(mesh is None, "engine=vllm mesh", mesh, "vLLM places itself (engine.tensor_parallel_size)")
-    from jaxrl_async.engines.vllm_engine import make_engine
+    from jaxrl_async.engines.vllm.engine import make_engine
 
     return make_engine(config, loaded)
 

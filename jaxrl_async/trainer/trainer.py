@@ -132,7 +132,7 @@ class Trainer:
         """The params to push to the generation engines, cast to their `dtype`.
 
         On one process these are device arrays in the trainer's layout: the engine reshards them
-        onto its own devices on device (`engines.weights.accept_params`), with no host copy. When
+        onto its own devices on device (`engines.jax.weights.accept_params`), with no host copy. When
         the mesh spans processes, an engine on process 0 cannot address the other processes'
         shards, so the full params are gathered to host memory on every process (a collective:
         every process calls this at the same point; jaxrl_async/cluster/lockstep.py).

@@ -1,6 +1,6 @@
 """How new weights reach a vLLM engine: the `WeightTransport` contract and its registry.
 
-The engine (`engines/vllm_engine.py`) owns the pause / version bookkeeping and calls a transport
+The engine (`engines/vllm/engine.py`) owns the pause / version bookkeeping and calls a transport
 only to move an already checked `{hf_name: torch.Tensor}` dict into vLLM's workers. One file per
 transport:
 - `memory`: one safetensors blob through vLLM's RPC channel (same host, any device).

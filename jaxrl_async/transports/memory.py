@@ -1,7 +1,7 @@
 """In-memory transport: the weights travel as one safetensors blob over vLLM's RPC channel.
 
 The blob is built in the engine's process and handed to `WeightReceiver.jaxrl_reload` in each
-worker (see engines/vllm_worker.py for why not a tensor iterator). Costs one host copy of the
+worker (see engines/vllm/worker.py for why not a tensor iterator). Costs one host copy of the
 weights; right for a single host (CPU or GPU workers) and small-to-medium models.
 """
 

@@ -3,7 +3,7 @@
 The process that holds the `AsyncLLM` becomes NCCL rank 0 (the sender) and every vLLM worker a
 receiver (`weight_transfer_config={"backend": "nccl"}`). Each push broadcasts the tensors from
 this process's GPU straight into the workers' parameters: no host copy and no file. The tensors
-must already be CUDA tensors (`engines/vllm_weights.to_torch(..., device="cuda")` copies them there).
+must already be CUDA tensors (`engines/vllm/weights.py to_torch(..., device="cuda")` copies them there).
 
 vLLM's trainer-side engine is synchronous and must run the workers' `update_weights` RPC
 concurrently with the broadcast, so it runs in a thread and reaches the event loop's `AsyncLLM`

@@ -7,8 +7,8 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.core import EngineConfig, EngineCore
-from jaxrl_async.engines.jax_engine import JaxEngine
+from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 

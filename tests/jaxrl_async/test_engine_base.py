@@ -3,7 +3,7 @@
 import pytest
 
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams, join_outputs
-from jaxrl_async.engines.scheduler import RequestQueue, Sequence
+from jaxrl_async.engines.jax.scheduler import RequestQueue, Sequence
 
 
 @pytest.mark.parametrize("kwargs, message", [

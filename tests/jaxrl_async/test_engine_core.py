@@ -9,7 +9,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.core import COMPILE_COUNTS, EngineConfig, EngineCore
+from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 

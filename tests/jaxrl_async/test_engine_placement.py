@@ -15,9 +15,9 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_async.engines.base import (EngineStats, GenerationEngine, GenerationRequest, SamplingParams,
                                       join_outputs, read_outputs)
-from jaxrl_async.engines.core import COMPILE_COUNTS, EngineConfig, EngineCore
-from jaxrl_async.engines.layout import regroup_for
-from jaxrl_async.engines.jax_engine import JaxEngine
+from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
+from jaxrl_async.engines.jax.layout import regroup_for
+from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.engines.replicated import ReplicatedEngine
 from tests.jaxrl_async.test_engine_async import collect
 from jaxrl_async.models.config import ModelConfig

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_async.engines.sampling import sample, sample_keys, token_logprobs
+from jaxrl_async.engines.jax.sampling import sample, sample_keys, token_logprobs
 
 LOGITS = np.log(np.array([0.4, 0.3, 0.15, 0.1, 0.05], np.float32))
 DRAWS = 20_000

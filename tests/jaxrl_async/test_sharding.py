@@ -7,7 +7,7 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_async.engines.steps import engine_decode, engine_prefill
+from jaxrl_async.engines.jax.steps import engine_decode, engine_prefill
 from jaxrl_async.models import ModelConfig, Transformer, init_cache
 from jaxrl_async.models.transformer import inference_weights
 from jaxrl_async.sharding import (batch_sharding, cache_shardings, logical_to_spec, make_mesh,

@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_async.engines import steps
+from jaxrl_async.engines.jax import steps
 from jaxrl_async.models.transformer import KVCache, inference_weights
 
 

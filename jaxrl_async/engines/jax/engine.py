@@ -24,13 +24,12 @@ from jax.sharding import Mesh
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, read_outputs)
-from jaxrl_async.engines.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
 from jaxrl_async.models.config import ModelConfig
 
 
-
 class JaxEngine(GenerationEngine):
-    """Continuous-batching JAX engine (see core.py for the scheduling, base.py for the contract).
+    """Continuous-batching JAX engine (see core.py for the scheduling, engines/base.py for the contract).
 
     `mesh`: the devices of this engine (None: the model's device); see `EngineCore`.
     """

@@ -13,7 +13,7 @@
 3. one decode step for every slot: feed each slot's last token, sample the next one.
 
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
-core directly; `JaxEngine` (jax_engine.py) runs it in a thread for the async runtime.
+core directly; `JaxEngine` (engine.py) runs it in a thread for the async runtime.
 
 The engine keeps its weights in the generation layout (`inference_weights`: one array per
 layer), made by one jitted copy when weights are installed, and a per-layer KV cache.
@@ -27,7 +27,7 @@ layout it was given and every weight install produces the same layout: the next 
 next weight swap find the shardings they were compiled for. Pushed weights of any layout are
 moved onto the mesh device to device (`layout.regroup_for`), never through the host.
 `EngineConfig.replicas / tensor_parallel / colocate` are read by the caller, which builds one
-mesh per replica (`replicated.py` runs them as one engine).
+mesh per replica (`engines/replicated.py` runs them as one engine).
 
 Compilations: `engine_prefill` and `engine_copy_prefix` once per bucket, `engine_decode` once,
 per model structure and engine shape. Without a mesh the jitted steps are module-level, so
@@ -52,10 +52,10 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl_async.engines import layout
+from jaxrl_async.engines.jax import layout
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput
-from jaxrl_async.engines.scheduler import RequestQueue, Sequence
-from jaxrl_async.engines.weights import accept_params
+from jaxrl_async.engines.jax.scheduler import RequestQueue, Sequence
+from jaxrl_async.engines.jax.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
 from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
@@ -94,7 +94,7 @@ class EngineConfig:
       seed: draws the seeds of requests that give none.
       cache_dtype: KV cache dtype ("float32" | "bfloat16"); None uses the model's dtype.
       replicas: data-parallel engine replicas, each with its own slots and KV cache; the
-        runtime balances requests across them (`replicated.py`).
+        runtime balances requests across them (`engines/replicated.py`).
       tensor_parallel: devices per replica; heads, kv heads and the MLP are sharded over them on
         the `tensor` mesh axis (the replica's mesh is (1, 1, tensor_parallel)).
       colocate: True: the replicas use the trainer's devices, time-shared with training;

@@ -23,7 +23,7 @@ loop and talks to it through `AsyncLLM`. What it adds on top:
     request whose prompt is prompt + tokens so far (prefix recomputed on the new weights). For
     engines whose pause cannot keep requests, or multi-engine setups that move prefixes.
   * `drain`: `pause_generation(mode="wait")` lets in-flight requests finish on the old weights.
-- Weights are checked (`vllm_weights.WeightChecker`) before anything reaches vLLM, and pushed by
+- Weights are checked (`weights.WeightChecker`) before anything reaches vLLM, and pushed by
   a transport (`jaxrl_async.transports`: memory, disk, nccl).
 
 Left out on purpose: streaming token-by-token pieces (versions are only known at the end of a
@@ -43,14 +43,17 @@ from typing import Any
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, read_outputs)
-from jaxrl_async.engines.vllm_compat import check_model_for_platform, check_vllm_api
-from jaxrl_async.engines.vllm_weights import WeightChecker, to_torch
+from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api
+from jaxrl_async.engines.vllm.weights import WeightChecker, to_torch
+from jaxrl_async.engines.vllm.worker import WeightReceiver
 from jaxrl_async.transports import TRANSPORTS, make_transport
 from planner.configs import build, check
 from planner.driver import append_run
 from planner.types import check_sync_mode
 
 SYNC_MODES = ("partial", "resubmit", "drain")  # every weight-sync mode (planner/types.py SYNC_MODES)
+# vLLM's worker process imports the class by this dotted name, so it is derived, never spelled out.
+WORKER_EXTENSION = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
 
 
 @dataclass(frozen=True)
@@ -153,7 +156,7 @@ class VllmEngine(GenerationEngine):
             scheduling_policy="priority", logprobs_mode="raw_logprobs", seed=c.seed,
             gpu_memory_utilization=c.gpu_memory_utilization, kv_cache_memory_bytes=c.kv_cache_memory_bytes,
             tensor_parallel_size=c.tensor_parallel_size,
-            worker_extension_cls="jaxrl_async.engines.vllm_worker.WeightReceiver",
+            worker_extension_cls=WORKER_EXTENSION,
             **self.transport.engine_args(), **c.engine_args)
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         await self._llm.update_weight_version(str(self._version))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxrl_async.engines import sampling
+from jaxrl_async.engines.jax import sampling
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import (KVCache, cached_attend, causal_attend, forward_layers,
                                             inference_logits, write_kv)

@@ -1,0 +1,11 @@
+"""The native JAX engine (`engine=jax`): continuous batching over fixed KV-cache slots.
+
+- `engine.py`: `JaxEngine`, the async `GenerationEngine`: an `EngineCore` in a worker thread.
+- `core.py`: `EngineCore`, `EngineConfig`: synchronous continuous batching; `mesh=` runs one
+  engine tensor-parallel over a (1, 1, T) device mesh.
+- `layout.py`: its jitted steps per mesh, and pushed weights moved onto it device to device.
+- `steps.py`: the jitted prefill / copy-prefix / decode steps, pure functions.
+- `sampling.py`: per-slot temperature, top-p, top-k and greedy sampling.
+- `scheduler.py`: the host-side priority queue and per-slot sequence state (no JAX).
+- `weights.py`: checks on pushed weights (structure, shape, dtype) before the engine takes them.
+"""
