@@ -1,7 +1,7 @@
 """The driver contract: how a driver applies a `Decision`, keeps token versions and reports a run.
 
 A *driver* advances time and feeds a policy (`planner.base.Policy`) its events: the simulator
-(`planner.sim.engine`), the runtime (`jaxrl_async.runtime.controller`) and the test drivers
+(`planner.sim.simulator`), the runtime (`jaxrl_async.runtime.controller`) and the test drivers
 (`tests/planner/scripted.py`, `tests/planner/adversarial.py`). What they must do alike lives here,
 once, so they cannot drift apart (docs/design.md §8):
 

@@ -23,7 +23,7 @@ from planner.configs import build, check, check_keys, register_defaults
 from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.registry import make_policy, policy_class
 from planner.sim.config import SimConfig
-from planner.sim.engine import SimResult, Simulator
+from planner.sim.simulator import SimResult, Simulator
 from planner.sim.metrics import write_outputs
 from planner.sim.recorder import EventRecorder
 from planner.sim.workloads import WORKLOADS, Workload, make_workload

@@ -1,7 +1,7 @@
 """The local-mode controller: one process, asyncio for control, threads for device work.
 
 It drives a staleness policy (`planner.base.Policy`) through the same event protocol as the
-simulator (`planner.sim.engine`), with real components behind every event:
+simulator (`planner.sim.simulator`), with real components behind every event:
 
     data stream ─► window of Candidates ─► policy.admit ─► engine.submit(priority)
     engine.outputs() ─► first piece: on_group_started(first token's version)

@@ -7,7 +7,7 @@ the same event protocol as the real runtime.
 """
 
 from planner.sim.config import FaultConfig, FaultSpec, SimConfig, TrainerConfig, WorkerConfig
-from planner.sim.engine import SimResult, Simulator
+from planner.sim.simulator import SimResult, Simulator
 from planner.sim.recorder import EventRecorder, first_divergence, replay
 from planner.sim.workloads import WORKLOADS, make_workload
 

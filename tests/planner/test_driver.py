@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from planner import driver
 from planner.driver import DecisionHost, Held, apply_decision
-from planner.sim.engine import Simulator
+from planner.sim.simulator import Simulator
 from planner.types import Admission, Decision, Drop, Move
 from tests.planner.adversarial import AdversarialDriver
 from tests.planner.scripted import ScriptedDriver
