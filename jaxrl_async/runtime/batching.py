@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from jaxrl_async.runtime.rollouts import GroupRollout
-from jaxrl_async.trainer.batch import Sample as TrainSample
+from jaxrl_async.trainer.batch import TrainSample
 from jaxrl_async.trainer.batch import TrainBatch, pad_batch
 from planner.driver import add_staleness
 

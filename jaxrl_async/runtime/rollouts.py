@@ -20,7 +20,7 @@ from planner.types import Versions
 
 
 @dataclass
-class Sample:
+class RolloutSample:
     """One trajectory of a group, as the engine produced it."""
 
     token_ids: list[int] = field(default_factory=list)
@@ -43,7 +43,7 @@ class GroupRollout:
     uid: int
     prompt_id: int | str
     prompt_ids: list[int]
-    samples: list[Sample]
+    samples: list[RolloutSample]
     attempt: int = 0
     started: bool = False
     rewards: list[float] | None = None
@@ -78,7 +78,7 @@ class GroupRollout:
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GroupRollout:
-        samples = [Sample(list(t), list(lp), [list(v) for v in vs], fr) for t, lp, vs, fr in d["samples"]]
+        samples = [RolloutSample(list(t), list(lp), [list(v) for v in vs], fr) for t, lp, vs, fr in d["samples"]]
         return cls(d["uid"], d["prompt_id"], list(d["prompt_ids"]), samples, d["attempt"], True,
                    d["rewards"], d["reward_errors"])
 
@@ -100,7 +100,7 @@ class RolloutCollector:
         self._by_request: dict[str, GroupRollout] = {}
 
     def open(self, uid: int, prompt_id: int | str, prompt_ids: list[int], n: int, attempt: int) -> GroupRollout:
-        group = GroupRollout(uid, prompt_id, list(prompt_ids), [Sample() for _ in range(n)], attempt)
+        group = GroupRollout(uid, prompt_id, list(prompt_ids), [RolloutSample() for _ in range(n)], attempt)
         self._by_request[group.request_id] = group
         return group
 

@@ -37,7 +37,7 @@ class TrainBatch:
         return self.tokens.shape[1]
 
 
-class Sample(NamedTuple):
+class TrainSample(NamedTuple):
     """One trajectory as the runtime holds it (plain tuples of the same order work too)."""
 
     prompt_ids: Sequence[int]
@@ -61,7 +61,7 @@ def bucket_length(length: int, buckets: Sequence[int] | None = None, min_len: in
 
 
 def pad_batch(
-    samples: Sequence[Sample | tuple],
+    samples: Sequence[TrainSample | tuple],
     *,
     buckets: Sequence[int] | None = None,
     rows_multiple: int = 1,
@@ -72,7 +72,7 @@ def pad_batch(
         raise ValueError("pad_batch: samples is empty")
     if rows_multiple < 1:
         raise ValueError(f"pad_batch: rows_multiple={rows_multiple} must be >= 1")
-    samples = [Sample(*s) for s in samples]
+    samples = [TrainSample(*s) for s in samples]
     for i, s in enumerate(samples):
         if len(s.prompt_ids) < 1:
             raise ValueError(f"pad_batch: sample {i} has an empty prompt (the first completion token needs a prefix)")

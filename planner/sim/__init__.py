@@ -6,12 +6,12 @@ the same event protocol as the real runtime.
     result = Simulator(policy, ctx, make_workload({"name": "lognormal"}, n), SimConfig(), seed=0).run()
 """
 
-from planner.sim.config import FaultConfig, FaultSpec, SimConfig, TrainerConfig, WorkerConfig
+from planner.sim.config import FaultConfig, FaultSpec, SimConfig, SimTrainerConfig, WorkerConfig
 from planner.sim.simulator import SimResult, Simulator
 from planner.sim.recorder import EventRecorder, first_divergence, replay
 from planner.sim.workloads import WORKLOADS, make_workload
 
 __all__ = [
-    "EventRecorder", "FaultConfig", "FaultSpec", "SimConfig", "SimResult", "Simulator", "TrainerConfig",
+    "EventRecorder", "FaultConfig", "FaultSpec", "SimConfig", "SimResult", "SimTrainerConfig", "Simulator",
     "WORKLOADS", "WorkerConfig", "first_divergence", "make_workload", "replay",
 ]

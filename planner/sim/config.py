@@ -54,7 +54,7 @@ class WorkerConfig:
 
 
 @dataclass(frozen=True)
-class TrainerConfig:
+class SimTrainerConfig:
     """One optimizer step costs `c0 + c1 · tokens_in_batch` (prompt + response tokens)."""
 
     c0: float = 5.0  # s: fixed cost (optimizer update, publish)
@@ -104,7 +104,7 @@ class SimConfig:
     """Everything about the simulated cluster; the policy and workload are configured apart."""
 
     workers: WorkerConfig = field(default_factory=WorkerConfig)
-    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    trainer: SimTrainerConfig = field(default_factory=SimTrainerConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
     admission_window: int | None = None  # candidates shown to policy.admit; None = 2·batch_groups
 

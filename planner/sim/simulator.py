@@ -33,7 +33,7 @@ from planner.sim.group import GState, SimGroup
 from planner.sim.metrics import RunMetrics
 from planner.sim.recorder import EventRecorder
 from planner.sim.stream import AdmissionWindow
-from planner.sim.trainer import Trainer
+from planner.sim.trainer import SimTrainer
 from planner.sim.workers import Worker
 from planner.sim.workloads import Workload, workload_params
 from planner.types import Admission, Decision, Drop, Move, PlanContext
@@ -90,7 +90,7 @@ class Simulator:
         self.window = AdmissionWindow(workload, data_rng, cfg.admission_window or 2 * ctx.batch_groups)
         self.workers = [Worker(i, cfg.workers) for i in range(cfg.workers.num_workers)]
         self.partial_sync = cfg.workers.sync_mode == "partial"
-        self.trainer = Trainer(cfg.trainer, ctx.total_steps)
+        self.trainer = SimTrainer(cfg.trainer, ctx.total_steps)
         self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
         self.metrics = RunMetrics()
         self.queue = EventQueue()

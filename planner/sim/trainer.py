@@ -6,11 +6,11 @@ every completion or drop) or busy (training). After a step it publishes version 
 
 from __future__ import annotations
 
-from planner.sim.config import TrainerConfig
+from planner.sim.config import SimTrainerConfig
 
 
-class Trainer:
-    def __init__(self, cfg: TrainerConfig, total_steps: int) -> None:
+class SimTrainer:
+    def __init__(self, cfg: SimTrainerConfig, total_steps: int) -> None:
         self.c0 = cfg.c0
         self.c1 = cfg.c1
         self.total_steps = total_steps

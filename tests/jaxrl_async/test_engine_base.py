@@ -3,7 +3,7 @@
 import pytest
 
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams, join_outputs
-from jaxrl_async.engines.jax.scheduler import RequestQueue, Sequence
+from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -51,12 +51,12 @@ def test_queue_pops_lowest_priority_first_ties_in_submit_order_and_stops_at_a_he
 
 
 def test_sequence_ends_on_a_stop_token_or_at_max_new_tokens_and_tags_versions():
-    seq = Sequence("r", 0, last_token=5, position=3, max_new_tokens=3, stop_token_ids=frozenset({9}))
+    seq = SlotSequence("r", 0, last_token=5, position=3, max_new_tokens=3, stop_token_ids=frozenset({9}))
     assert seq.append(7, -1.0, version=0) is None
     assert seq.append(8, -2.0, version=1) is None
     assert seq.position == 5 and seq.last_token == 8
     piece = seq.flush()
     assert (piece.token_ids, piece.versions, piece.done) == ([7, 8], [[0, 1], [1, 1]], False)
     assert seq.append(6, -3.0, version=1) == "length"
-    stopper = Sequence("s", 0, last_token=5, position=0, max_new_tokens=10, stop_token_ids=frozenset({9}))
+    stopper = SlotSequence("s", 0, last_token=5, position=0, max_new_tokens=10, stop_token_ids=frozenset({9}))
     assert stopper.append(9, -0.5, version=0) == "stop"

@@ -8,7 +8,7 @@ import pytest
 
 from jaxrl_async.runtime import state
 from jaxrl_async.runtime.controller import DONE, GENERATING, LiveGroup
-from jaxrl_async.runtime.rollouts import GroupRollout, Sample
+from jaxrl_async.runtime.rollouts import GroupRollout, RolloutSample
 from tests.jaxrl_async.train_runs import make_job
 
 PROMPT = {"prompt_id": "p3", "text": "say a", "prompt_ids": [5, 6, 7], "answer": "a", "meta": {"content": "a"}}
@@ -56,10 +56,11 @@ def test_a_controller_restored_from_its_snapshot_snapshots_the_same_and_regenera
     ctrl._refill_window()
     (c_done, p_done), (c_gen, p_gen) = ctrl.window.pop(0), ctrl.window.pop(0)
     done = GroupRollout(c_done.uid, p_done.prompt_id, p_done.prompt_ids,
-                        [Sample([1, 2], [-0.5, -0.5], [[0, 2]], "stop"), Sample([3], [-1.0], [[0, 1]], "length")],
+                        [RolloutSample([1, 2], [-0.5, -0.5], [[0, 2]], "stop"),
+                         RolloutSample([3], [-1.0], [[0, 1]], "length")],
                         started=True, rewards=[1.0, 0.0])
-    generating = GroupRollout(c_gen.uid, p_gen.prompt_id, p_gen.prompt_ids, [Sample([4], [-0.2], [[0, 1]]), Sample()],
-                              started=True)
+    generating = GroupRollout(c_gen.uid, p_gen.prompt_id, p_gen.prompt_ids,
+                              [RolloutSample([4], [-0.2], [[0, 1]]), RolloutSample()], started=True)
     ctrl.groups = {c_done.uid: LiveGroup(p_done, done, DONE), c_gen.uid: LiveGroup(p_gen, generating, "scoring")}
     ctrl.step = ctrl.version = 1
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from jaxrl_async.trainer.batch import Sample, bucket_length, pad_batch
+from jaxrl_async.trainer.batch import TrainSample, bucket_length, pad_batch
 
 
 def test_completion_tokens_are_masked_and_aligned_with_their_logprobs():
-    batch = pad_batch([Sample([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], 1.0, 9),
+    batch = pad_batch([TrainSample([1, 2], [3, 4, 5], [-0.1, -0.2, -0.3], 1.0, 9),
                        ([6], [7], [-0.7], 0.0, 9)], buckets=[8])
     np.testing.assert_array_equal(batch.tokens, [[1, 2, 3, 4, 5, 0, 0, 0], [6, 7, 0, 0, 0, 0, 0, 0]])
     np.testing.assert_array_equal(batch.loss_mask, [[0, 0, 1, 1, 1, 0, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]])

@@ -11,7 +11,7 @@ from planner.audit import audit
 from planner.configs import build
 from planner.ledger import LedgerWriter, read_ledger
 from planner.registry import make_policy
-from planner.sim import FaultConfig, SimConfig, Simulator, TrainerConfig, WorkerConfig, make_workload
+from planner.sim import FaultConfig, SimConfig, Simulator, SimTrainerConfig, WorkerConfig, make_workload
 from planner.sim.trace import TraceGroup, write_trace
 from planner.types import PlanContext
 from tests.planner.sim_policies import FifoCapped, NeverTrains
@@ -72,7 +72,7 @@ def test_drain_keeps_one_version_per_group_and_inflight_splits_at_the_update(tmp
     # g1 (10 tokens, started at 0) has 9 tokens on v0 then; drain finishes g1 on v0 before loading.
     ctx = PlanContext(1, 1, None, 4)
     cfg = SimConfig(workers=WorkerConfig(num_workers=1, decode_alpha=1.0, decode_beta=0.0, prefill_per_token=0.0,
-                                         t_sync=0.0, sync_mode=sync_mode), trainer=TrainerConfig(c0=5.0, c1=0.0))
+                                         t_sync=0.0, sync_mode=sync_mode), trainer=SimTrainerConfig(c0=5.0, c1=0.0))
     _, run_dir = simulate(tmp_path, FifoCapped(ctx, cap=3), ctx, cfg, workload=trace(tmp_path, [[4], [10]]))
     trained = {g["uid"]: g["versions"] for e in ledger_events(run_dir, "train") for g in e["groups"]}
     assert trained[1] == expected

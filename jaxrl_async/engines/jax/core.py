@@ -54,7 +54,7 @@ from jax.sharding import Mesh
 
 from jaxrl_async.engines.jax import layout
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput
-from jaxrl_async.engines.jax.scheduler import RequestQueue, Sequence
+from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
 from jaxrl_async.engines.jax.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
 from jaxrl_async.models.transformer import KVCache, init_cache
@@ -201,7 +201,7 @@ class EngineCore:
         # Work done, for metrics: prefills, prefill_tokens (unpadded), decode_steps, tokens.
         self.counters: collections.Counter[str] = collections.Counter()
         self._queue = RequestQueue()
-        self._slots: list[Sequence | None] = [None] * config.num_slots
+        self._slots: list[SlotSequence | None] = [None] * config.num_slots
         self._arrays = _SlotArrays(config.num_slots)
         self._live: dict[str, int] = {}  # request id -> samples not yet done
         self._pending_weights: tuple[dict, int] | None = None
@@ -336,7 +336,7 @@ class EngineCore:
             if prefix_len:
                 to_prefill.append((prompt[:-1], slots))
             for i, slot in enumerate(slots):
-                self._slots[slot] = Sequence(
+                self._slots[slot] = SlotSequence(
                     request_id=request.request_id, sample_index=i, last_token=prompt[-1],
                     position=prefix_len, max_new_tokens=sp.max_new_tokens,
                     stop_token_ids=frozenset(sp.stop_token_ids))

@@ -1,7 +1,7 @@
 """Host-side bookkeeping of the JAX engine: the priority queue and the per-slot sequence state.
 
 Pure Python, no JAX: the engine core asks the queue which requests to admit into free slots and
-keeps one `Sequence` per occupied slot. Admission is strict priority order: when the head
+keeps one `SlotSequence` per occupied slot. Admission is strict priority order: when the head
 request needs more slots than are free, later requests wait too (no back-filling), so a
 request's place in the queue is never overtaken by a smaller one.
 """
@@ -52,7 +52,7 @@ class RequestQueue:
 
 
 @dataclass
-class Sequence:
+class SlotSequence:
     """One sample being decoded in a slot.
 
     `last_token` is fed at `position` in the next decode step; the prompt's last token is fed

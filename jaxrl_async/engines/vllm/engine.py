@@ -99,7 +99,9 @@ class VllmEngineConfig:
 
 
 @dataclass
-class _Sample:
+class _SampleProgress:
+    """One sample of a request, across the vLLM requests (segments) that continue it."""
+
     request_id: str
     index: int
     prompt_ids: list[int]
@@ -113,7 +115,7 @@ class _Segment:
     """One vLLM request: the samples it continues (vLLM completion index -> sample)."""
 
     vllm_id: str
-    samples: list[_Sample]
+    samples: list[_SampleProgress]
     request: GenerationRequest
     task: asyncio.Task | None = None
     resubmit: bool = False  # aborted by a resubmit-mode update, not by the user
@@ -133,7 +135,7 @@ class VllmEngine(GenerationEngine):
         self._llm = None
         self._out: asyncio.Queue = asyncio.Queue()
         self._segments: dict[str, _Segment] = {}  # vllm_id -> live segment
-        self._live: dict[str, list[_Sample]] = {}  # request_id -> its samples (until all done)
+        self._live: dict[str, list[_SampleProgress]] = {}  # request_id -> its samples (until all done)
         self._aborted: set[str] = set()
         self._update_lock = asyncio.Lock()
         self._counter = 0
@@ -190,7 +192,7 @@ class VllmEngine(GenerationEngine):
         bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
         if bad is not None:
             raise ValueError(f"request {request.request_id!r}: prompt token {bad} outside the vocabulary [0, {vocab})")
-        samples = [_Sample(request.request_id, i, list(request.prompt_ids), sp.max_new_tokens)
+        samples = [_SampleProgress(request.request_id, i, list(request.prompt_ids), sp.max_new_tokens)
                    for i in range(sp.n)]
         self._live[request.request_id] = samples
         self._launch(request, samples)
@@ -203,7 +205,7 @@ class VllmEngine(GenerationEngine):
         if ids:
             await self._llm.abort(ids)
 
-    def _launch(self, request: GenerationRequest, samples: list[_Sample]) -> None:
+    def _launch(self, request: GenerationRequest, samples: list[_SampleProgress]) -> None:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -244,7 +246,7 @@ class VllmEngine(GenerationEngine):
             self._segments.pop(seg.vllm_id, None)
             self._mark_idle()
 
-    def _finish_piece(self, seg: _Segment, sample: _Sample, tokens: list[int], logprobs: list[float],
+    def _finish_piece(self, seg: _Segment, sample: _SampleProgress, tokens: list[int], logprobs: list[float],
                       reason: str, spans: Any) -> None:
         versions = _versions_from_spans(spans, len(tokens), self._version)
         sample.token_ids += tokens
