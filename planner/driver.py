@@ -2,7 +2,7 @@
 
 A *driver* advances time and feeds a policy (`planner.base.Policy`) its events: the simulator
 (`planner.sim.simulator`), the runtime (`jaxrl_async.runtime.controller`) and the test drivers
-(`tests/planner/scripted.py`, `tests/planner/adversarial.py`). What they must do alike lives here,
+(`tests/helpers/scripted.py`, `tests/helpers/adversarial.py`). What they must do alike lives here,
 once, so they cannot drift apart (docs/design.md §8):
 
 1. **Applying a Decision** (docs/design.md §8.6). A driver implements `DecisionHost` — one query, `held`

@@ -15,7 +15,7 @@ from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.trainer import Trainer
 from planner.audit import audit
 from planner.configs import build
-from tests.jaxrl_async.train_runs import StepProbe, make_job, read_jsonl
+from tests.helpers.train_runs import StepProbe, make_job, read_jsonl
 
 
 def trained_trainer(steps: int) -> Trainer:

@@ -21,8 +21,8 @@ from jaxrl_async.train import typed_config
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import OptimConfig
 from planner.configs import build, defaults
-from tests.conf_files import CONF, composed, extends, options, restated_defaults, undocumented
-from tests.jaxrl_async.train_runs import compose_train
+from tests.helpers.conf_files import CONF, composed, extends, options, restated_defaults, undocumented
+from tests.helpers.train_runs import compose_train
 
 register_config_nodes()
 

@@ -11,6 +11,7 @@ from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
+from tests.helpers.engines import collect
 
 CFG = ModelConfig.tiny()
 ENGINE = dict(num_slots=4, max_len=64, min_bucket=8)
@@ -25,18 +26,6 @@ def requests() -> list[GenerationRequest]:
     return [GenerationRequest("greedy", [1, 2, 3], SamplingParams(9, temperature=0.0)),
             GenerationRequest("group", [4, 5], SamplingParams(7, seed=3, n=3), priority=1.0),
             GenerationRequest("late", list(range(20)), SamplingParams(5, seed=4, top_k=4))]
-
-
-async def collect(engine: JaxEngine, expect_done: int) -> dict:
-    """Read the stream until `expect_done` samples are done; join each sample's pieces."""
-    pieces: dict = {}
-    done = 0
-    async for out in engine.outputs():
-        pieces.setdefault((out.request_id, out.sample_index), []).append(out)
-        done += out.done
-        if done == expect_done:
-            break
-    return {k: join_outputs(v) for k, v in pieces.items()}
 
 
 def test_async_engine_streams_the_same_samples_as_the_synchronous_core(models):

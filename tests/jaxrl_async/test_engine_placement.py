@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_async.engines.base import (EngineStats, GenerationEngine, GenerationRequest, SamplingParams,
@@ -19,10 +19,10 @@ from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCor
 from jaxrl_async.engines.jax.layout import regroup_for
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.engines.replicated import ReplicatedEngine
-from tests.jaxrl_async.test_engine_async import collect
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
-from jaxrl_async.sharding import MESH_AXES, make_mesh, shard_model
+from jaxrl_async.sharding import make_mesh, shard_model
+from tests.helpers.engines import assert_same_samples, collect, mesh_of, params_of
 
 CFG = ModelConfig.tiny()
 ENGINE = dict(num_slots=4, max_len=64, min_bucket=8)
@@ -36,15 +36,6 @@ jax.monitoring.register_event_duration_secs_listener(
 @pytest.fixture(scope="module")
 def models():
     return Transformer(CFG, rngs=nnx.Rngs(0)), Transformer(CFG, rngs=nnx.Rngs(1))
-
-
-def params_of(model) -> dict:
-    return nnx.to_pure_dict(nnx.state(model, nnx.Param))
-
-
-def mesh_of(devices) -> Mesh:
-    """One engine replica's (1, 1, T) mesh over these devices."""
-    return Mesh(np.asarray(devices).reshape(1, 1, -1), MESH_AXES)
 
 
 def requests() -> list[GenerationRequest]:
@@ -66,14 +57,6 @@ def run_across_a_swap(core: EngineCore, new_params, swap_after: int = 4, version
             pieces.setdefault((out.request_id, out.sample_index), []).append(out)
         step += 1
     return {key: join_outputs(p) for key, p in pieces.items()}
-
-
-def assert_same_samples(got: dict, want: dict) -> None:
-    assert got.keys() == want.keys()
-    for key in want:
-        assert got[key].token_ids == want[key].token_ids, key
-        assert got[key].versions == want[key].versions, key
-        np.testing.assert_allclose(got[key].logprobs, want[key].logprobs, atol=1e-5, err_msg=str(key))
 
 
 def test_engine_config_rejects_bad_placement_fields_naming_them():

@@ -16,7 +16,7 @@ from planner.audit import audit
 from planner.registry import make_policy
 from planner.sim.recorder import EventRecorder, first_divergence
 from planner.types import PlanContext
-from tests.jaxrl_async.train_runs import make_job, read_jsonl
+from tests.helpers.train_runs import make_job, read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -10,7 +10,7 @@ import pytest
 
 from jaxrl_async.engines.base import GenerationEngine, SampleOutput
 from planner.audit import audit
-from tests.jaxrl_async.train_runs import StepProbe, make_job, read_jsonl
+from tests.helpers.train_runs import StepProbe, make_job, read_jsonl
 
 pytestmark = pytest.mark.slow
 

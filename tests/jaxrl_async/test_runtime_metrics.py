@@ -12,7 +12,7 @@ from planner.registry import make_policy
 from planner.sim import SimConfig, Simulator, make_workload
 from planner.sim.metrics import write_outputs
 from planner.types import PlanContext
-from tests.jaxrl_async.train_runs import make_job, read_jsonl
+from tests.helpers.train_runs import make_job, read_jsonl
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 from jaxrl_async.runtime import state
 from jaxrl_async.runtime.controller import DONE, GENERATING, LiveGroup
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutSample
-from tests.jaxrl_async.train_runs import make_job
+from tests.helpers.train_runs import make_job
 
 PROMPT = {"prompt_id": "p3", "text": "say a", "prompt_ids": [5, 6, 7], "answer": "a", "meta": {"content": "a"}}
 STATS = {"elapsed_s": 12.5, "trainer_busy_s": 4.0, "generator_busy_s": 9.0, "overlap_s": 2.0, "steps_done": 3,

@@ -21,7 +21,7 @@ def _score(task, answer, completion):
 
 def test_every_conf_task_yaml_builds_its_registered_task():
     from jaxrl_async.config_nodes import register_config_nodes
-    from tests.conf_files import composed, options
+    from tests.helpers.conf_files import composed, options
 
     register_config_nodes()  # each task file starts from its config's defaults node
     names = set(options("task"))

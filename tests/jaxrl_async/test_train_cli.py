@@ -9,9 +9,8 @@ from pathlib import Path
 import pytest
 
 from jaxrl_async.train import typed_config
-from tests.jaxrl_async.train_runs import CONF_DIR, QUIET, compose_train
-
-REPO = CONF_DIR.parent
+from tests.helpers import REPO
+from tests.helpers.train_runs import QUIET, compose_train
 
 
 def train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:

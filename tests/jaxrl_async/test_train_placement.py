@@ -21,9 +21,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from tests.jaxrl_async.train_runs import CONF_DIR, QUIET, make_job, read_jsonl
-
-REPO = CONF_DIR.parent
+from tests.helpers import REPO
+from tests.helpers.train_runs import QUIET, make_job, read_jsonl
 SYNC = ["max_staleness=0", "batch_groups=4", "group_size=4", "max_new_tokens=4", "seed=3"]
 # Sharded and unsharded runs differ by float reassociation only; 10 steps of Adam amplify a
 # 1e-7 logit difference to about 1e-5 in the weights.

@@ -12,7 +12,7 @@ from jaxrl_async.config_nodes import register_config_nodes
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import OptimConfig, make_optimizer, make_schedule
 from planner.configs import build
-from tests.conf_files import composed, options
+from tests.helpers.conf_files import composed, options
 
 
 def load(name):

@@ -12,7 +12,7 @@ import pytest
 from planner.base import Policy
 from planner.registry import POLICIES, make_policy, policy_class
 from planner.types import PlanContext
-from tests.planner.scripted import ScriptedDriver, random_run
+from tests.helpers.scripted import ScriptedDriver, random_run
 
 STRICT = {"verl_drop", "trl", "roll", "prime_rl", "nemo_windowed", "nemo_weight_fifo", "nemo_in_order"}
 BASELINES = sorted(STRICT | {"verl_wait", "areal", "skyrl", "openrlhf", "slime", "dressage", "nemo_ready_first"})

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from planner.registry import make_policy
 from planner.types import PlanContext
-from tests.planner.scripted import ScriptedDriver, random_run
+from tests.helpers.scripted import ScriptedDriver, random_run
 
 STRICT = ["verl_drop", "trl", "roll", "prime_rl", "nemo_windowed", "nemo_weight_fifo", "nemo_in_order"]
 STEPS = 8

@@ -11,8 +11,8 @@ from planner import driver
 from planner.driver import DecisionHost, Held, apply_decision
 from planner.sim.simulator import Simulator
 from planner.types import Admission, Decision, Drop, Move
-from tests.planner.adversarial import AdversarialDriver
-from tests.planner.scripted import ScriptedDriver
+from tests.helpers.adversarial import AdversarialDriver
+from tests.helpers.scripted import ScriptedDriver
 
 
 class Host:

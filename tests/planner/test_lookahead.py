@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from planner.audit import audit
 from planner.policies.lookahead import Lookahead, LookaheadParams
 from planner.types import Candidate, PlanContext, Status
-from tests.planner.adversarial import AdversarialDriver
+from tests.helpers.adversarial import AdversarialDriver
 
 
 def edf_fits(deadlines: list[int], first_step: int, batch: int) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from planner.registry import make_policy
 from planner.types import PlanContext
-from tests.planner.scripted import ScriptedDriver
+from tests.helpers.scripted import ScriptedDriver
 
 
 def driver(name, *, B, eta=None, n=1, steps=100, autostart=True, **overrides):

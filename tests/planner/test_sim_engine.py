@@ -14,7 +14,7 @@ from planner.registry import make_policy
 from planner.sim import FaultConfig, SimConfig, Simulator, SimTrainerConfig, WorkerConfig, make_workload
 from planner.sim.trace import TraceGroup, write_trace
 from planner.types import PlanContext
-from tests.planner.sim_policies import FifoCapped, NeverTrains
+from tests.helpers.sim_policies import FifoCapped, NeverTrains
 
 
 def simulate(tmp_path, policy, ctx, cfg=None, workload=None, seed=0, name="run"):

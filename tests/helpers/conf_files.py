@@ -15,8 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from planner.configs import defaults
-
-CONF = Path(__file__).resolve().parents[1] / "conf"
+from tests.helpers import CONF
 
 
 def options(group: str) -> list[str]:

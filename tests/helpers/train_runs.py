@@ -11,8 +11,7 @@ from omegaconf import DictConfig
 
 from jaxrl_async.config_nodes import register_config_nodes
 from jaxrl_async.train import TrainJob, typed_config
-
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+from tests.helpers import CONF
 
 # Small and quiet: what every test run shares (each test adds its own sizes).
 QUIET = ["progress=off", "tensorboard=false", "export_hf=false", "engine.num_slots=32", "engine.max_len=64"]
@@ -21,7 +20,7 @@ QUIET = ["progress=off", "tensorboard=false", "export_hf=false", "engine.num_slo
 def compose_train(overrides: list[str]) -> DictConfig:
     """`conf/train.yaml` with `overrides`, as `python -m jaxrl_async.train` composes it."""
     register_config_nodes()
-    with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
+    with initialize_config_dir(str(CONF), version_base="1.3"):
         return compose("train", overrides=overrides)
 
 

@@ -1,0 +1,13 @@
+"""What several test modules share: drivers, fakes and run helpers (never tests themselves).
+
+- `conf_files.py`: reading conf/ files as written and as Hydra composes them.
+- `train_runs.py`: composing conf/train.yaml and running a training job in-process.
+- `engines.py`: reading and comparing a generation engine's output stream.
+- `scripted.py`, `adversarial.py`: policy drivers (scripted events; random possible interleavings).
+- `sim_policies.py`: tiny policies for the simulator tests.
+"""
+
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]  # the repository root
+CONF = REPO / "conf"
