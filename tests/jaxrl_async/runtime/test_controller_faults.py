@@ -28,7 +28,7 @@ def flaky_reward(prompt_text: str, completion_text: str, answer) -> float:
 
 def test_a_reward_function_that_raises_or_times_out_scores_zero_is_counted_and_the_group_is_trained(tmp_path):
     job = make_job(tmp_path, SMALL + ["task.alphabet=ab", "task.num_prompts=4", "task.reward_timeout_s=0.2",
-                                      "task.reward_fn=tests.jaxrl_async.test_runtime_faults:flaky_reward"])
+                                      "task.reward_fn=tests.jaxrl_async.runtime.test_controller_faults:flaky_reward"])
     summary = job.run()
     # Every sample of every prompt failed: half raised, half timed out.
     assert summary["reward_errors"] == summary["rewards_scored"] == 2 * 4 * 4

@@ -5,13 +5,11 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from launch.launch import TARGETS, main
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO
 
 
 def _dry(capsys, *argv: str) -> list[str]:

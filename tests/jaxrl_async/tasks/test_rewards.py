@@ -65,15 +65,15 @@ def test_a_non_finite_or_non_number_return_scores_zero_with_an_error(bad):
     assert result.value == 0.0 and repr(bad) in result.error
 
 
-@pytest.mark.parametrize("path", ["tests.jaxrl_async.test_rewards:length_reward",
-                                  "tests.jaxrl_async.test_rewards.length_reward"])
+@pytest.mark.parametrize("path", ["tests.jaxrl_async.tasks.test_rewards:length_reward",
+                                  "tests.jaxrl_async.tasks.test_rewards.length_reward"])
 def test_both_dotted_path_forms_resolve_to_the_function(path):
     assert load_reward_fn(path) is length_reward
 
 
 @pytest.mark.parametrize("path, message", [
     ("no_such_module_xyz:f", "cannot import module 'no_such_module_xyz'"),
-    ("tests.jaxrl_async.test_rewards:nope", "has no attribute 'nope'"),
+    ("tests.jaxrl_async.tasks.test_rewards:nope", "has no attribute 'nope'"),
     ("math:pi", "'pi' is a float, not a function"),
     ("length_reward", "must be a dotted path"),
 ])
@@ -84,7 +84,7 @@ def test_a_bad_dotted_path_is_a_one_line_error_at_start_up(path, message):
 
 
 def test_a_reward_fn_on_a_builtin_task_replaces_its_score_and_sees_the_raw_prompt():
-    task = build_task({"name": "gsm8k", "reward_fn": "tests.jaxrl_async.test_rewards:async_answer_reward"})
+    task = build_task({"name": "gsm8k", "reward_fn": "tests.jaxrl_async.tasks.test_rewards:async_answer_reward"})
     prompt = Prompt("p", "<templated>", [1], "18", {"content": "question"})
     assert asyncio.run(task.reward(prompt, "18", [])) == RewardResult(1.0, None)
     assert asyncio.run(task.reward(prompt, "\\boxed{18}", [])) == RewardResult(0.0, None)

@@ -3,7 +3,7 @@
 Runs against the cluster in RAY_ADDRESS (CI: `ray start --head --num-cpus=2` in .ci/run) or a
 private local one. These tests drive the proxy directly, with the loss handling the runtime does:
 a lost request is regenerated (its earlier pieces discarded, like `on_group_lost(prefix_kept=False)`);
-the full runs through `jaxrl_async.train cluster=ray` are in test_train_ray.py.
+the full runs through `jaxrl_async.train cluster=ray` are in tests/jaxrl_async/test_train_ray.py.
 """
 
 from __future__ import annotations

@@ -180,11 +180,11 @@ def test_trl_drops_groups_whose_model_version_is_too_old_and_pulls_the_next():
 
 
 def test_each_policy_config_file_lists_exactly_the_native_parameters_of_its_policy():
-    import pathlib
-
     import yaml
 
-    conf = pathlib.Path(__file__).resolve().parents[2] / "conf" / "policy"
+    from tests.helpers import CONF
+
+    conf = CONF / "policy"
     for name in [*BASELINES, "lookahead"]:
         data = yaml.safe_load((conf / f"{name}.yaml").read_text())
         assert data.pop("name") == name

@@ -2,15 +2,15 @@
 
 import asyncio
 import shutil
-from pathlib import Path
 
 import pytest
 
 from jaxrl_async.tasks import build_task
 from jaxrl_async.tasks.gsm8k import SAMPLE_PATH, final_answer
 from jaxrl_async.tokenizer import tiny_tokenizer
+from tests.helpers import REPO
 
-TEST_SAMPLE = Path(__file__).parents[1] / "data" / "gsm8k_sample.jsonl"
+TEST_SAMPLE = REPO / "tests" / "data" / "gsm8k_sample.jsonl"
 
 
 def _reward(task, prompt, completion):

@@ -1,9 +1,9 @@
 """Multi-host JAX: two processes on localhost train exactly like one process on the same data.
 
-The worker half of this module runs in subprocesses (`python -m tests.jaxrl_async.test_multihost
-WORKER ...`): each process owns 4/N CPU devices, joins the job through `initialize_distributed`
-(gloo collectives), builds the same (data=2, fsdp=2) mesh over the 4 global devices and runs the
-real `Trainer` for a few steps on the same batch.
+The worker half of this module runs in subprocesses (`python -m
+tests.jaxrl_async.cluster.test_distributed WORKER ...`): each process owns 4/N CPU devices, joins
+the job through `initialize_distributed` (gloo collectives), builds the same (data=2, fsdp=2)
+mesh over the 4 global devices and runs the real `Trainer` for a few steps on the same batch.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 
 from jaxrl_async.cluster.distributed import DistributedConfig, InitArgs, first_slurm_host, resolve
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
 
 
@@ -34,7 +34,7 @@ def _run_workers(num_processes: int, out: Path) -> None:
     env = {**os.environ, "JAX_PLATFORMS": "cpu",
            "XLA_FLAGS": f"--xla_force_host_platform_device_count={4 // num_processes}"}
     procs = [subprocess.Popen(
-        [sys.executable, "-m", "tests.jaxrl_async.test_multihost", "WORKER", str(i),
+        [sys.executable, "-m", "tests.jaxrl_async.cluster.test_distributed", "WORKER", str(i),
          str(num_processes), str(port), str(out)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for i in range(num_processes)]

@@ -1,7 +1,6 @@
 """`python -m planner.simulate` and `python -m planner.compare` end to end (subprocesses: real Hydra)."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -10,8 +9,7 @@ import pytest
 from planner.audit import audit
 from planner.driver import SUMMARY_KEYS
 from planner.simulate import SimulateConfig
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from tests.helpers import REPO
 
 
 @pytest.fixture
@@ -24,7 +22,7 @@ def conf(tmp_path):
 
 def cli(module, *args, conf=None):
     extra = ["--config-dir", str(conf)] if conf and module == "planner.simulate" else []
-    return subprocess.run([sys.executable, "-m", module, *extra, *args], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", module, *extra, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
 
 

@@ -1,0 +1,35 @@
+"""Trainer configs: the Hydra group files and unknown keys.
+
+That conf/trainer/grpo.yaml is exactly TrainerConfig's defaults is tests/jaxrl_async/test_config_nodes.py's."""
+
+import pytest
+
+from jaxrl_async.config_nodes import register_config_nodes
+from jaxrl_async.trainer.config import TrainerConfig
+from planner.configs import build
+from tests.helpers.conf_files import composed, options
+
+
+def load(name):
+    register_config_nodes()
+    return build(TrainerConfig, composed("trainer", name), "trainer")
+
+
+@pytest.mark.parametrize("name", options("trainer"))
+def test_every_trainer_yaml_builds_a_valid_config(name):
+    assert isinstance(load(name), TrainerConfig)
+
+
+def test_variants_differ_where_their_papers_do():
+    assert load("dapo").loss.aggregation == "token_mean" and load("dapo").loss.eps_high == 0.28
+    drgrpo = load("drgrpo").loss
+    assert (drgrpo.advantage, drgrpo.aggregation) == ("drgrpo", "drgrpo") and drgrpo.norm_len > 0
+
+
+def test_unknown_keys_are_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match=r"trainer.optim.learning_rate: unknown key \(known: b1, b2, eps, lr,"):
+        build(TrainerConfig, {"optim": {"learning_rate": 1e-3}}, "trainer")
+    with pytest.raises(ValueError, match=r"trainer.micro_batches: unknown key \(known: compute_dtype, loss,"):
+        build(TrainerConfig, {"micro_batches": 2}, "trainer")
+    with pytest.raises(ValueError, match="TrainerConfig.compute_dtype='float16'"):
+        TrainerConfig(compute_dtype="float16")
