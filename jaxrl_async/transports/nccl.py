@@ -8,7 +8,7 @@ must already be CUDA tensors (`engines/vllm/weights.py to_torch(..., device="cud
 vLLM's trainer-side engine is synchronous and must run the workers' `update_weights` RPC
 concurrently with the broadcast, so it runs in a thread and reaches the event loop's `AsyncLLM`
 through `_LoopClient`. Needs CUDA GPUs and a free `master_port`; on a CPU-only machine `setup`
-raises a one-line error (the tests skip it with that reason).
+raises a one-line error (tests/jaxrl_async/transports/test_nccl.py, where vLLM is installed).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 - `conf_files.py`: reading conf/ files as written and as Hydra composes them.
 - `train_runs.py`: composing conf/train.yaml and running a training job in-process.
 - `engines.py`: reading and comparing a generation engine's output stream.
+- `fake_vllm.py`: hand-written stand-ins for vLLM's `AsyncLLM` and its worker.
 - `tasks.py`: scoring a completion with a task's reward.
 - `scripted.py`, `adversarial.py`: policy drivers (scripted events; random possible interleavings).
 - `sim_policies.py`: tiny policies for the simulator tests.
