@@ -6,8 +6,8 @@ samples almost always has some spread for GRPO's group-relative advantage to wor
 
 Why a random `tiny` model starts low: its byte vocabulary has 264 tokens and its random init gives
 a near-uniform next-token distribution, so a sampled character is the one wanted with probability
-about 1/264 and the expected reward is well under 0.01 (test_tasks measures it). Invalid UTF-8
-bytes decode to U+FFFD, which never matches.
+about 1/264 and the expected reward is well under 0.01 (tests/jaxrl_async/tasks/test_synthetic.py
+measures it). Invalid UTF-8 bytes decode to U+FFFD, which never matches.
 
 What it has to learn:
 - `repeat_letter` (default, easy): prompt "cccccccc" -> a completion made of c. Reward: the
