@@ -254,7 +254,7 @@ def test_compile_count_stays_fixed_across_many_requests_of_varying_prompt_length
     core = make_core(peaked_model(cfg=ModelConfig.tiny(intermediate_size=64)), num_slots=3)
     before = dict(COMPILE_COUNTS)
     core.warmup()
-    assert compiles_since(before) == {"engine_prefill": 4, "engine_copy_prefix": 4, "engine_decode": 1}  # 8..64
+    assert compiles_since(before) == {"engine_prefill": 4, "engine_copy_prefix": 4, "engine_decode_steps": 4}  # 8..64
     before = dict(COMPILE_COUNTS)
     rng = np.random.default_rng(0)
     lengths = [1, 2, 9, 10, 17, 18, 33, 34]  # prefixes in every bucket
@@ -280,7 +280,7 @@ def test_warmup_compiles_every_bucket_up_front():
     core = make_core(model, max_len=32)
     before = dict(COMPILE_COUNTS)
     core.warmup()
-    assert compiles_since(before) == {"engine_prefill": 3, "engine_copy_prefix": 3, "engine_decode": 1}  # 8, 16, 32
+    assert compiles_since(before) == {"engine_prefill": 3, "engine_copy_prefix": 3, "engine_decode_steps": 3}  # 8, 16, 32
     before = dict(COMPILE_COUNTS)
     core.submit(GenerationRequest("a", [1] * 20, greedy(3)))
     assert run(core)[("a", 0)].token_ids == greedy_reference(model, [1] * 20, 3)
