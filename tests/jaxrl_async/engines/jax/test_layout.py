@@ -80,6 +80,20 @@ def test_tensor_parallel_core_samples_what_one_device_samples_greedy_and_seeded_
     assert jax.tree.map(lambda x: x.sharding, (tp.cache, tp.weights)) == layout
 
 
+def test_tensor_parallel_core_with_several_steps_per_call_samples_what_single_full_length_steps_sample(models):
+    # min_bucket = max_len: one decode length, the whole cache: the engine before live buckets.
+    want = run_across_a_swap(EngineCore(models[0], CFG, EngineConfig(**{**ENGINE, "min_bucket": 64})),
+                             params_of(models[1]), swap_after=8)
+    tp = EngineCore(models[0], CFG, EngineConfig(**ENGINE, decode_steps_per_call=4),
+                    mesh=mesh_of(jax.devices()[:2]))
+    layout = jax.tree.map(lambda x: x.sharding, (tp.cache, tp.weights))
+    got = run_across_a_swap(tp, params_of(models[1]), swap_after=2)  # 2 calls of 4 = 8 steps
+    assert_same_samples(got, want)
+    assert want[("greedy", 0)].versions == [[0, 8], [1, 4]]
+    assert tp.counters["decode_calls"] < tp.counters["decode_steps"]
+    assert jax.tree.map(lambda x: x.sharding, (tp.cache, tp.weights)) == layout
+
+
 def test_weights_from_a_differently_sharded_trainer_move_onto_the_engine_devices_without_recompiling(models):
     trainer_params = shard_model(nnx.state(models[1], nnx.Param), make_mesh(fsdp=2, tensor=2))
     wq = nnx.to_pure_dict(trainer_params)["layers"]["wq"]
