@@ -20,8 +20,9 @@
    tags stay exact, since weights only change between calls.
 
 The decode step attends over cache positions [0, L) only, L the smallest bucket (the prefill
-buckets: min_bucket * 2**i, capped at max_len) above every active slot's position after the
-call: a slot at position 100 costs what a 128-token context costs, whatever max_len is.
+buckets: min_bucket * 2**i) above every active slot's position after the call, when L is at
+most max_len / 4, else max_len (`_decode_length` says why): a slot at position 100 costs what
+a 128-token context costs, not max_len.
 
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
 core directly; `JaxEngine` (engine.py) runs it in a thread for the async runtime.
@@ -40,7 +41,8 @@ moved onto the mesh device to device (`layout.regroup_for`), never through the h
 `EngineConfig.replicas / tensor_parallel / colocate` are read by the caller, which builds one
 mesh per replica (`engines/replicated.py` runs them as one engine).
 
-Compilations: `engine_prefill`, `engine_copy_prefix` and `engine_decode_steps` once per bucket,
+Compilations: `engine_prefill`, `engine_copy_prefix` once per bucket, `engine_decode_steps` once
+per decode length (the buckets up to max_len / 4, and max_len),
 per model structure and engine shape (and the decode step again per width of the padded
 stop-token table: 4, 8, 16, ... stop tokens per request).
 Weight swaps never recompile. Without a mesh the jitted steps are module-level, so
@@ -452,7 +454,7 @@ class EngineCore:
         return seq.flush(reason)
 
     def warmup(self) -> None:
-        """Compile every prefill bucket and the decode step of every bucket now rather than on
+        """Compile every prefill bucket and the decode step of every decode length now rather than on
         first use. Only on an idle engine: the prefill writes garbage into slot 0's rows.
         """
         if self.active_slots:
@@ -462,7 +464,7 @@ class EngineCore:
             self._cache = self._steps.prefill(self.model_config, self._weights, self._cache, zeros,
                                               zeros, zeros, zeros[0])
             self._cache = self._steps.copy_prefix(self._cache, np.int32(0), np.int32(0), bucket)
-        for length in self.config.buckets():
+        for length in sorted({self._decode_length(b) for b in self.config.buckets()}):
             self._cache, tokens, *_ = self._run_decode(length)
         jax.block_until_ready(tokens)
 
@@ -471,7 +473,15 @@ class EngineCore:
         a, k = self._arrays, self.config.decode_steps_per_call
         active = a.remaining > 0
         need = int(np.max(a.positions + np.minimum(a.remaining, k), where=active, initial=1))
-        return self._bucket(min(need, self.config.max_len))
+        return self._decode_length(need)
+
+    def _decode_length(self, need: int) -> int:
+        # On XLA:CPU the attention matmul reads a bucket as a dense copy of that part of the
+        # cache (benchmarks/bench_decode.py): at max_len 2048, batch 32, bucket 64 costs 0.36x a
+        # whole-cache step, 512 0.8x, 1024 1.8x. Past a quarter of max_len reading the whole
+        # cache in place is cheaper, so those positions use max_len.
+        length = self._bucket(min(need, self.config.max_len))
+        return length if 4 * length <= self.config.max_len else self.config.max_len
 
     def _run_decode(self, length: int | None = None):
         a = self._arrays
