@@ -36,8 +36,9 @@ def other_model():
 
 
 def make_core(model, **overrides) -> EngineCore:
-    """Tests share one engine shape (4 slots, 64 positions), hence one set of compilations."""
-    config = dict(num_slots=4, max_len=64, min_bucket=8)
+    """Tests share one engine shape (4 slots, 64 positions), hence one set of compilations.
+    One decode step per call unless asked: the tests count steps."""
+    config = dict(num_slots=4, max_len=64, min_bucket=8, decode_steps_per_call=1)
     config.update(overrides)
     return EngineCore(model, model.cfg, EngineConfig(**config))
 
