@@ -273,20 +273,27 @@ def causal_attend(segments: jax.Array | None = None):
     return attend
 
 
-def cached_attend(kt: jax.Array, v: jax.Array, positions: jax.Array):
+def cached_attend(kt: jax.Array, v: jax.Array, positions: jax.Array, length: int | None = None,
+                  write_positions: jax.Array | None = None):
     """Attention against one layer's KV cache (kt [B, K, D, S], v [B, K, S, D]).
 
-    Token (b, t) is written at cache index positions[b, t] of row b (positions past the end are
-    dropped), then a query at position p attends to indices j <= p of its own row only. Index p
-    is always written before a query at p reads it, so stale values past a sequence's position
-    are never read. Returns an `attend` whose aux is the updated (kt, v).
+    Token (b, t) is written at cache index write_positions[b, t] of row b (default: its
+    position; indices past the end are dropped, which is how a caller skips a row's write), then
+    a query at position p attends to indices j <= p of its own row only. Index p is always
+    written before a query at p reads it, so stale values past a sequence's position are never
+    read. `length` (static, <= S) reads only indices [0, length) of the cache: a decode step whose
+    positions are all < length costs what a `length`-token context costs, not S. Returns an
+    `attend` whose aux is the updated (kt, v).
     """
+    write_positions = positions if write_positions is None else write_positions
+    length = kt.shape[-1] if length is None else length
 
     def attend(q, k, v_new):
         rows = jnp.broadcast_to(jnp.arange(q.shape[0])[:, None], positions.shape)
-        new_kt, new_v = write_kv(kt, v, k, v_new, rows, positions)
-        mask = jnp.arange(kt.shape[-1])[None, None, :] <= positions[:, :, None]  # [B, T, S]
-        out = attention(q, new_kt.astype(q.dtype), new_v.astype(q.dtype), mask)
+        new_kt, new_v = write_kv(kt, v, k, v_new, rows, write_positions)
+        live_kt, live_v = new_kt[..., :length], new_v[:, :, :length]  # [B, K, D, L], [B, K, L, D]
+        mask = jnp.arange(length)[None, None, :] <= positions[:, :, None]  # [B, T, L]
+        out = attention(q, live_kt.astype(q.dtype), live_v.astype(q.dtype), mask)
         return out, (new_kt, new_v)
 
     return attend

@@ -10,7 +10,19 @@
    each prompt is prefilled once (all but its last token) into its first slot, several prompts
    packed into one row padded to a power-of-two bucket, and the prefix is copied into the
    prompt's other `n - 1` slots;
-3. one decode step for every slot: feed each slot's last token, sample the next one.
+3. one decode call for every slot: up to `decode_steps_per_call` (k) decode steps in one jitted
+   loop, each feeding each slot's last token and sampling the next one; a slot stops on device
+   at a stop token or at its max_new_tokens, and the loop ends once every slot has stopped. The
+   host then appends each slot's valid tokens, finishes samples and streams pieces exactly as k
+   one-step iterations would (sampling keys depend on (seed, sample, token index) only, so the
+   tokens are the same for every k). Commands (aborts, new weights, admission of new requests)
+   act between calls, so they wait up to k - 1 decode steps longer than with k = 1; version
+   tags stay exact, since weights only change between calls.
+
+The decode step attends over cache positions [0, L) only, L the smallest bucket (the prefill
+buckets: min_bucket * 2**i) above every active slot's position after the call, when L is at
+most max_len / 4, else max_len (`_decode_length` says why): a slot at position 100 costs what
+a 128-token context costs, not max_len.
 
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
 core directly; `JaxEngine` (engine.py) runs it in a thread for the async runtime.
@@ -29,8 +41,11 @@ moved onto the mesh device to device (`layout.regroup_for`), never through the h
 `EngineConfig.replicas / tensor_parallel / colocate` are read by the caller, which builds one
 mesh per replica (`engines/replicated.py` runs them as one engine).
 
-Compilations: `engine_prefill` and `engine_copy_prefix` once per bucket, `engine_decode` once,
-per model structure and engine shape. Without a mesh the jitted steps are module-level, so
+Compilations: `engine_prefill`, `engine_copy_prefix` once per bucket, `engine_decode_steps` once
+per decode length (the buckets up to max_len / 4, and max_len),
+per model structure and engine shape (and the decode step again per width of the padded
+stop-token table: 4, 8, 16, ... stop tokens per request).
+Weight swaps never recompile. Without a mesh the jitted steps are module-level, so
 engines of the same shapes share them; with a mesh each core compiles its own (its devices are
 its own). `COMPILE_COUNTS` counts their backend compilations process-wide (from jax's compile
 events, so it also sees recompilations without a retrace, e.g. for a changed input sharding).
@@ -66,7 +81,7 @@ SyncMode = Literal["partial", "drain"]
 
 COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
-_STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode")
+_STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps")
 
 
 def _count_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -91,6 +106,12 @@ class EngineConfig:
         on the old weights, then the weights swap.
       stream_every: deliver a `SampleOutput` piece every this many new tokens of a sample;
         0 delivers each sample once, when it is done.
+      decode_steps_per_call: k, decode steps per jitted call (and host round trip); the stop
+        checks run on device. Outputs do not depend on k; commands (abort, weight swap, new
+        admissions) wait up to k - 1 extra decode steps, and a slot freed mid-call is refilled
+        at the call's end. 8: on CPU (benchmarks/bench_decode.py, tiny shape) batch-1 tokens/s
+        is 2.7x k=1's (16: 3.2x) and batch 32 gets all of its 1.22x; the wait stays under 8
+        steps, small against RL samples of hundreds of tokens. 1 is the one-step engine.
       seed: draws the seeds of requests that give none.
       cache_dtype: KV cache dtype ("float32" | "bfloat16"); None uses the model's dtype.
       replicas: data-parallel engine replicas, each with its own slots and KV cache; the
@@ -109,6 +130,7 @@ class EngineConfig:
     min_bucket: int = 16
     sync_mode: SyncMode = "partial"
     stream_every: int = 0
+    decode_steps_per_call: int = 8
     seed: int = 0
     cache_dtype: str | None = None
     replicas: int = 1
@@ -117,7 +139,7 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         p = "EngineConfig"
-        for name in ("num_slots", "max_len", "min_bucket", "replicas", "tensor_parallel"):
+        for name in ("num_slots", "max_len", "min_bucket", "decode_steps_per_call", "replicas", "tensor_parallel"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 1, f"{p}.{name}", value, "must be an int >= 1")
         check(self.min_bucket <= self.max_len, f"{p}.min_bucket", self.min_bucket, f"must be <= max_len={self.max_len}")
@@ -149,10 +171,25 @@ class _SlotArrays:
         self.temperature = np.zeros(n, np.float32)
         self.top_p = np.ones(n, np.float32)
         self.top_k = np.zeros(n, np.int32)
+        self.remaining = np.zeros(n, np.int32)  # tokens the slot may still sample; 0: free
+        self.stop_ids: list[tuple[int, ...]] = [()] * n
+
+    def stop_table(self) -> np.ndarray:
+        """[S, M] int32, each slot's stop tokens padded with -1; M a power of two >= 4, so that
+        the decode step compiles once per width class, not per request."""
+        width = 4
+        while width < max(map(len, self.stop_ids)):
+            width *= 2
+        table = np.full((len(self.stop_ids), width), -1, np.int32)
+        for slot, ids in enumerate(self.stop_ids):
+            table[slot, :len(ids)] = ids
+        return table
 
     def clear(self, slot: int) -> None:
-        # Free slots decode greedily at position 0 so they never trigger the top-p/top-k sort.
-        self.tokens[slot] = self.positions[slot] = self.token_index[slot] = 0
+        # Free slots decode greedily at position 0 so they never trigger the top-p/top-k sort;
+        # remaining 0 keeps them from writing the cache.
+        self.tokens[slot] = self.positions[slot] = self.token_index[slot] = self.remaining[slot] = 0
+        self.stop_ids[slot] = ()
         self.temperature[slot], self.top_p[slot], self.top_k[slot] = 0.0, 1.0, 0
 
 
@@ -315,7 +352,7 @@ class EngineCore:
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[SampleOutput]:
-        """One iteration: maybe swap weights, admit, decode one token per active slot."""
+        """One iteration: maybe swap weights, admit, decode up to k tokens per active slot."""
         if self._pending_weights is not None and not self.active_slots:
             self._weights, self.version = self._pending_weights
             self._pending_weights = None
@@ -343,6 +380,7 @@ class EngineCore:
                 a.tokens[slot], a.positions[slot], a.token_index[slot] = prompt[-1], prefix_len, 0
                 a.seeds[slot], a.sample_index[slot] = sp.seed, i
                 a.temperature[slot], a.top_p[slot], a.top_k[slot] = sp.temperature, sp.top_p, sp.top_k
+                a.remaining[slot], a.stop_ids[slot] = sp.max_new_tokens, tuple(sp.stop_token_ids)
         for pack in self._packs([prefix for prefix, _ in to_prefill]):
             self._prefill_pack([to_prefill[i] for i in pack])
         for prefix, slots in to_prefill:
@@ -384,22 +422,28 @@ class EngineCore:
         self.counters["prefill_tokens"] += offset
 
     def _decode_step(self) -> list[SampleOutput]:
-        self._cache, next_tokens, logprobs = self._run_decode()
-        next_tokens, logprobs = np.asarray(next_tokens), np.asarray(logprobs)
-        self.counters["decode_steps"] += 1
-        self.counters["tokens"] += self.active_slots
+        self._cache, tokens, logprobs, count, steps = self._run_decode()
+        tokens, logprobs, count = np.asarray(tokens), np.asarray(logprobs), np.asarray(count)
+        self.counters["decode_calls"] += 1
+        self.counters["decode_steps"] += int(steps)
+        self.counters["tokens"] += int(count.sum())
         outputs = []
         a, every = self._arrays, self.config.stream_every
         for slot, seq in enumerate(self._slots):
             if seq is None:
                 continue
-            reason = seq.append(int(next_tokens[slot]), float(logprobs[slot]), self.version)
+            reason = None
+            for j in range(count[slot]):  # as count[slot] one-step iterations would
+                reason = seq.append(int(tokens[slot, j]), float(logprobs[slot, j]), self.version)
+                if reason is not None:
+                    break
+                if every and len(seq.pending_tokens) >= every:
+                    outputs.append(seq.flush())
             if reason is not None:
                 outputs.append(self._finish(slot, reason))
                 continue
             a.tokens[slot], a.positions[slot], a.token_index[slot] = seq.last_token, seq.position, seq.generated
-            if every and len(seq.pending_tokens) >= every:
-                outputs.append(seq.flush())
+            a.remaining[slot] = seq.max_new_tokens - seq.generated
         return outputs
 
     def _finish(self, slot: int, reason) -> SampleOutput:
@@ -412,9 +456,8 @@ class EngineCore:
         return seq.flush(reason)
 
     def warmup(self) -> None:
-        """Compile every prefill bucket and the decode step now rather than on first use.
-
-        Only on an idle engine: the decode step writes garbage into free slots' rows.
+        """Compile every prefill bucket and the decode step of every decode length now rather than on
+        first use. Only on an idle engine: the prefill writes garbage into slot 0's rows.
         """
         if self.active_slots:
             raise ValueError(f"warmup: needs an idle engine, {self.active_slots} slots are active")
@@ -423,11 +466,28 @@ class EngineCore:
             self._cache = self._steps.prefill(self.model_config, self._weights, self._cache, zeros,
                                               zeros, zeros, zeros[0])
             self._cache = self._steps.copy_prefix(self._cache, np.int32(0), np.int32(0), bucket)
-        self._cache, tokens, _ = self._run_decode()
+        for length in sorted({self._decode_length(b) for b in self.config.buckets()}):
+            self._cache, tokens, *_ = self._run_decode(length)
         jax.block_until_ready(tokens)
 
-    def _run_decode(self):
+    def _live_length(self) -> int:
+        """The attention bucket of the next decode call: above every position it feeds."""
+        a, k = self._arrays, self.config.decode_steps_per_call
+        active = a.remaining > 0
+        need = int(np.max(a.positions + np.minimum(a.remaining, k), where=active, initial=1))
+        return self._decode_length(need)
+
+    def _decode_length(self, need: int) -> int:
+        # On XLA:CPU the attention matmul reads a bucket as a dense copy of that part of the
+        # cache (benchmarks/bench_decode.py): at max_len 2048, batch 32, bucket 64 costs 0.36x a
+        # whole-cache step, 512 0.8x, 1024 1.8x. Past a quarter of max_len reading the whole
+        # cache in place is cheaper, so those positions use max_len.
+        length = self._bucket(min(need, self.config.max_len))
+        return length if 4 * length <= self.config.max_len else self.config.max_len
+
+    def _run_decode(self, length: int | None = None):
         a = self._arrays
-        return self._steps.decode(self.model_config, self._weights, self._cache, a.tokens,
-                                  a.positions, a.seeds, a.sample_index, a.token_index,
-                                  a.temperature, a.top_p, a.top_k)
+        return self._steps.decode(self.model_config, length or self._live_length(),
+                                  self.config.decode_steps_per_call, self._weights, self._cache,
+                                  a.tokens, a.positions, a.seeds, a.sample_index, a.token_index,
+                                  a.temperature, a.top_p, a.top_k, a.remaining, a.stop_table())

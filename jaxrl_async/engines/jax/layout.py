@@ -36,14 +36,14 @@ class Steps:
 
     prefill: Callable
     copy_prefix: Callable
-    decode: Callable
+    decode: Callable  # steps.engine_decode_steps
     install: Callable  # checked params -> the engine's own generation-layout copy
 
 
 SHARED_STEPS = Steps(
     prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2),
     copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0),
-    decode=jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2),
+    decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), donate_argnums=4),
     install=jax.jit(generation_copy))
 
 
@@ -61,8 +61,8 @@ def mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> Steps:
         prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2, out_shardings=cache),
         copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0,
                             out_shardings=cache),
-        decode=jax.jit(steps.engine_decode, static_argnums=0, donate_argnums=2,
-                       out_shardings=(cache, replicated, replicated)),
+        decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), donate_argnums=4,
+                       out_shardings=(cache, replicated, replicated, replicated, replicated)),
         install=jax.jit(generation_copy, out_shardings=weights))
 
 

@@ -23,6 +23,8 @@ The names carry an `engine_` prefix because jax reports compilations by function
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
+from flax import struct
 
 from jaxrl_async.engines.jax import sampling
 from jaxrl_async.models.config import ModelConfig
@@ -56,19 +58,86 @@ def engine_copy_prefix(cache: KVCache, src: jax.Array, dst: jax.Array, length: i
 
 def engine_decode(cfg: ModelConfig, weights: dict, cache: KVCache, tokens: jax.Array,
                   positions: jax.Array, seeds: jax.Array, sample_index: jax.Array,
-                  token_index: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array
+                  token_index: jax.Array, temperature: jax.Array, top_p: jax.Array, top_k: jax.Array,
+                  length: int | None = None, active: jax.Array | None = None
                   ) -> tuple[KVCache, jax.Array, jax.Array]:
-    """One decode step for all S slots (free slots compute garbage that nobody reads).
+    """One decode step for all S slots (inactive slots compute garbage that nobody reads).
 
     tokens/positions [S] int32: the token fed to each slot and its position; seeds [S] uint32,
     sample_index/token_index [S] int32 name each slot's random stream; temperature/top_p [S]
-    float32, top_k [S] int32. Returns (cache, next tokens [S] int32, their log-probs [S]).
+    float32, top_k [S] int32. `length` (static): attend over cache indices [0, length) only
+    (every position must be < length; None: the whole cache). `active` [S] bool: slots whose
+    keys/values are written (None: all). Returns (cache, next tokens [S] int32, log-probs [S]).
     """
-    positions = positions[:, None]
-    attends = [cached_attend(kt, v, positions) for kt, v in zip(cache.k, cache.v, strict=True)]
+    writes = positions if active is None else jnp.where(active, positions, cache.v[0].shape[2])
+    positions, writes = positions[:, None], writes[:, None]
+    attends = [cached_attend(kt, v, positions, length, writes) for kt, v in zip(cache.k, cache.v, strict=True)]
     x, kvs = forward_layers(cfg, weights, tokens[:, None], positions, attends)
     logits = inference_logits(cfg, weights, x)[:, 0]  # [S, V]
     keys = sampling.sample_keys(seeds, sample_index, token_index)
     next_tokens = sampling.sample(logits, keys, temperature, top_p, top_k)
     cache = KVCache(k=tuple(kt for kt, _ in kvs), v=tuple(v for _, v in kvs))
     return cache, next_tokens, sampling.token_logprobs(logits, next_tokens)
+
+
+@struct.dataclass
+class DecodeState:
+    """The carry of `engine_decode_steps`' loop: what changes from one decode step to the next."""
+
+    step: jax.Array  # [] int32: decode steps done in this call
+    cache: KVCache
+    tokens: jax.Array  # [S] int32: the token each slot feeds next
+    positions: jax.Array  # [S] int32: its position
+    token_index: jax.Array  # [S] int32: index of the token each slot samples next
+    remaining: jax.Array  # [S] int32: tokens each slot may still sample; 0: stopped or free
+    out_tokens: jax.Array  # [S, k] int32: sampled tokens, valid up to `count`
+    out_logprobs: jax.Array  # [S, k] float32
+    count: jax.Array  # [S] int32: valid entries per slot
+
+
+def engine_decode_steps(cfg: ModelConfig, length: int, num_steps: int, weights: dict, cache: KVCache,
+                        tokens: jax.Array, positions: jax.Array, seeds: jax.Array,
+                        sample_index: jax.Array, token_index: jax.Array, temperature: jax.Array,
+                        top_p: jax.Array, top_k: jax.Array, remaining: jax.Array, stop_ids: jax.Array
+                        ) -> tuple[KVCache, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Up to `num_steps` (static) `engine_decode` steps in one call, stopping on device.
+
+    Inputs as `engine_decode`'s, plus remaining [S] int32 (tokens each slot may still sample:
+    max_new_tokens minus those generated; 0 for a free slot) and stop_ids [S, M] int32 (each
+    slot's stop tokens, padded with -1). A slot stops after sampling a stop token or its last
+    allowed token; a stopped slot no longer changes and no longer writes the cache. The loop ends
+    early once every slot has stopped. `length` (static) bounds the attention: it must exceed
+    every position the call feeds (the largest position + num_steps - 1).
+
+    Each step draws with key (seed, sample_index, token_index), so k steps in one call sample
+    exactly what k one-step calls sample. Returns (cache, tokens [S, k], log-probs [S, k],
+    count [S]: valid tokens per slot, steps: decode steps run).
+    """
+    s = tokens.shape[0]
+
+    def body(st: DecodeState) -> DecodeState:
+        active = st.remaining > 0
+        cache, new, logprobs = engine_decode(cfg, weights, st.cache, st.tokens, st.positions, seeds,
+                                             sample_index, st.token_index, temperature, top_p, top_k,
+                                             length, active)
+        stopped = jnp.any(new[:, None] == stop_ids, axis=-1)
+        step = active.astype(jnp.int32)
+        return DecodeState(
+            step=st.step + 1, cache=cache,
+            tokens=jnp.where(active, new, st.tokens), positions=st.positions + step,
+            token_index=st.token_index + step,
+            remaining=jnp.where(active & ~stopped, st.remaining - 1, 0),
+            out_tokens=st.out_tokens.at[:, st.step].set(new),
+            out_logprobs=st.out_logprobs.at[:, st.step].set(logprobs),
+            count=st.count + step)
+
+    def cond(st: DecodeState) -> jax.Array:
+        return (st.step < num_steps) & jnp.any(st.remaining > 0)
+
+    init = DecodeState(step=jnp.int32(0), cache=cache, tokens=tokens, positions=positions,
+                       token_index=token_index, remaining=remaining,
+                       out_tokens=jnp.zeros((s, num_steps), jnp.int32),
+                       out_logprobs=jnp.zeros((s, num_steps), jnp.float32),
+                       count=jnp.zeros((s,), jnp.int32))
+    st = jax.lax.while_loop(cond, body, init)
+    return st.cache, st.out_tokens, st.out_logprobs, st.count, st.step

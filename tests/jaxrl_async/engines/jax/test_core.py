@@ -12,6 +12,7 @@ from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_out
 from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
+from tests.helpers.engines import params_of
 
 CFG = ModelConfig.tiny()
 
@@ -35,8 +36,9 @@ def other_model():
 
 
 def make_core(model, **overrides) -> EngineCore:
-    """Tests share one engine shape (4 slots, 64 positions), hence one set of compilations."""
-    config = dict(num_slots=4, max_len=64, min_bucket=8)
+    """Tests share one engine shape (4 slots, 64 positions), hence one set of compilations.
+    One decode step per call unless asked: the tests count steps."""
+    config = dict(num_slots=4, max_len=64, min_bucket=8, decode_steps_per_call=1)
     config.update(overrides)
     return EngineCore(model, model.cfg, EngineConfig(**config))
 
@@ -195,6 +197,7 @@ def test_weight_update_between_decode_steps_keeps_in_flight_samples_and_tags_ver
         model, other_model):
     new_params = nnx.split(other_model, nnx.Param, ...)[1]
     core = make_core(model)
+    core.warmup()  # every decode bucket, so that what follows compiles nothing
     core.submit(GenerationRequest("a", [1, 2, 3], greedy(10)))
     core.submit(GenerationRequest("b", [7], greedy(20)))
     first = run(core, steps=4)  # 4 decode steps: 4 tokens each at version 0
@@ -254,7 +257,8 @@ def test_compile_count_stays_fixed_across_many_requests_of_varying_prompt_length
     core = make_core(peaked_model(cfg=ModelConfig.tiny(intermediate_size=64)), num_slots=3)
     before = dict(COMPILE_COUNTS)
     core.warmup()
-    assert compiles_since(before) == {"engine_prefill": 4, "engine_copy_prefix": 4, "engine_decode": 1}  # 8..64
+    assert compiles_since(before) == {"engine_prefill": 4, "engine_copy_prefix": 4,  # 8..64
+                                      "engine_decode_steps": 3}  # 8, 16 (<= 64 / 4) and 64
     before = dict(COMPILE_COUNTS)
     rng = np.random.default_rng(0)
     lengths = [1, 2, 9, 10, 17, 18, 33, 34]  # prefixes in every bucket
@@ -280,7 +284,8 @@ def test_warmup_compiles_every_bucket_up_front():
     core = make_core(model, max_len=32)
     before = dict(COMPILE_COUNTS)
     core.warmup()
-    assert compiles_since(before) == {"engine_prefill": 3, "engine_copy_prefix": 3, "engine_decode": 1}  # 8, 16, 32
+    assert compiles_since(before) == {"engine_prefill": 3, "engine_copy_prefix": 3,  # 8, 16, 32
+                                      "engine_decode_steps": 2}  # 8 (<= 32 / 4) and 32
     before = dict(COMPILE_COUNTS)
     core.submit(GenerationRequest("a", [1] * 20, greedy(3)))
     assert run(core)[("a", 0)].token_ids == greedy_reference(model, [1] * 20, 3)
@@ -334,3 +339,96 @@ def test_update_weights_rejects_a_wrong_leaf_naming_it(model):
     with pytest.raises(ValueError, match="version=1 goes backwards"):
         core.update_weights(good, 1)
     assert core.version == 2
+
+
+# ------------------------------------------------ several decode steps per call, live-length attention
+
+
+def mixed_requests() -> list[GenerationRequest]:
+    """Greedy and seeded (top-p, top-k) samples, n > 1, stop tokens, different lengths; 9 samples
+    for 4 slots, so admission happens between calls too."""
+    stops = list(range(0, 264, 7))  # 38 stop tokens: some samples stop, on a 64-wide table
+    return [GenerationRequest("greedy", [1, 2, 3], greedy(13)),
+            GenerationRequest("seeded", [4, 5], SamplingParams(17, seed=3, n=2)),
+            GenerationRequest("stops", [6], SamplingParams(30, seed=8, n=2, stop_token_ids=stops)),
+            GenerationRequest("nucleus", list(range(9)), SamplingParams(11, seed=4, top_p=0.9, top_k=20)),
+            GenerationRequest("short", [9, 9], SamplingParams(1, seed=5)),
+            GenerationRequest("long", [3] * 20, SamplingParams(40, seed=6, temperature=0.7))]
+
+
+def pieces_of(core: EngineCore, requests, *, swap_at=None, abort_at=None, new_params=None) -> dict:
+    """Every piece each sample delivered, in order. swap_at / abort_at: after this many generated
+    tokens of the first request ("greedy"), push `new_params` as version 1 / abort "seeded"."""
+    for r in requests:
+        core.submit(r)
+    pieces: dict = {}
+    while core.has_work():
+        done = core.counters["decode_steps"]
+        if swap_at is not None and done == swap_at:
+            core.update_weights(new_params, version=1)
+        if abort_at is not None and done == abort_at:
+            for out in core.abort("seeded"):
+                pieces.setdefault((out.request_id, out.sample_index), []).append(out)
+        for out in core.step():
+            pieces.setdefault((out.request_id, out.sample_index), []).append(out)
+    return pieces
+
+
+def assert_identical(got: dict, want: dict) -> None:
+    """The same pieces: tokens, versions, finish reasons; log-probs to 1e-5 (attention over a
+    shorter cache sums the same terms in another order: they differ by ~4e-6)."""
+    assert got.keys() == want.keys()
+    for key in want:
+        assert [(p.token_ids, p.versions, p.finish_reason, p.done) for p in got[key]] == \
+            [(p.token_ids, p.versions, p.finish_reason, p.done) for p in want[key]], key
+        np.testing.assert_allclose(np.concatenate([p.logprobs for p in got[key]]),
+                                   np.concatenate([p.logprobs for p in want[key]]), atol=1e-5, err_msg=str(key))
+
+
+@pytest.mark.parametrize("k", [1, 3, 8])
+def test_k_steps_per_call_over_live_kv_deliver_what_single_full_length_steps_deliver(model, k):
+    # min_bucket = max_len: one attention length, the whole cache: the engine before bucketing.
+    want = pieces_of(make_core(model, min_bucket=64, stream_every=4), mixed_requests())
+    core = make_core(model, decode_steps_per_call=k, stream_every=4)
+    got = pieces_of(core, mixed_requests())
+    assert_identical(got, want)
+    reasons = {p[-1].finish_reason for p in want.values()}
+    assert reasons == {"stop", "length"}
+    assert core.counters["decode_calls"] < core.counters["decode_steps"] or k == 1
+
+
+@pytest.mark.parametrize("k", [4, 8])
+def test_k_steps_per_call_match_single_steps_across_a_weight_swap_and_an_abort(model, other_model, k):
+    new_params = nnx.split(other_model, nnx.Param, ...)[1]
+    # 6 samples in 4 slots after the abort at 8: the swap and the abort land between calls for
+    # k = 4 and 8, at the same token of every in-flight sample as with k = 1.
+    requests = mixed_requests()[:3]
+    want = pieces_of(make_core(model), requests, swap_at=8, abort_at=8, new_params=new_params)
+    got = pieces_of(make_core(model, decode_steps_per_call=k), requests, swap_at=8, abort_at=8,
+                    new_params=new_params)
+    assert_identical(got, want)
+    assert join_outputs(want[("greedy", 0)]).versions == [[0, 8], [1, 5]]
+    assert [p.finish_reason for p in want[("seeded", 0)]] == ["abort"]
+
+
+def test_decode_compiles_once_per_live_bucket_used_and_never_on_a_weight_swap():
+    # A model shape no other test uses, so that every compilation below is this test's own.
+    model = peaked_model(cfg=ModelConfig.tiny(intermediate_size=80))
+    core = make_core(model, decode_steps_per_call=4)
+    before = dict(COMPILE_COUNTS)
+    core.submit(GenerationRequest("a", [1, 2], greedy(12)))  # positions 1..12: buckets 8, 16
+    run(core)
+    assert compiles_since(before).get("engine_decode_steps") == 2
+    core.update_weights(params_of(peaked_model(seed=1, cfg=model.cfg)), version=1)
+    before = dict(COMPILE_COUNTS)
+    core.submit(GenerationRequest("b", [3, 4], greedy(12)))
+    run(core)
+    assert compiles_since(before) == {}
+    core.submit(GenerationRequest("c", [3] * 20, greedy(12)))  # positions 19..30: bucket 32 > 64 / 4
+    run(core)
+    assert compiles_since(before) == {"engine_prefill": 1, "engine_decode_steps": 1}  # 32; decode at 64
+
+
+def test_engine_config_rejects_a_non_positive_decode_steps_per_call():
+    with pytest.raises(ValueError, match=r"EngineConfig.decode_steps_per_call=0: must be an int >= 1"):
+        EngineConfig(decode_steps_per_call=0)

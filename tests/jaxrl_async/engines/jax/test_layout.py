@@ -20,7 +20,7 @@ from jaxrl_async.sharding import make_mesh, shard_model
 from tests.helpers.engines import assert_same_samples, mesh_of, params_of
 
 CFG = ModelConfig.tiny()
-ENGINE = dict(num_slots=4, max_len=64, min_bucket=8)
+ENGINE = dict(num_slots=4, max_len=64, min_bucket=8, decode_steps_per_call=1)  # tests count steps
 
 COMPILED: list[str] = []  # every backend compilation in this process, by function name
 jax.monitoring.register_event_duration_secs_listener(
@@ -77,6 +77,20 @@ def test_tensor_parallel_core_samples_what_one_device_samples_greedy_and_seeded_
     assert want[("greedy", 0)].versions == [[0, 4], [1, 8]]  # the swap lands mid-sample
     assert len(set(map(tuple, (want[k].token_ids for k in want)))) == 4  # greedy and 3 seeded
     # Prefill, prefix copy, swap and decode hand back exactly the layouts they were given.
+    assert jax.tree.map(lambda x: x.sharding, (tp.cache, tp.weights)) == layout
+
+
+def test_tensor_parallel_core_with_several_steps_per_call_samples_what_single_full_length_steps_sample(models):
+    # min_bucket = max_len: one decode length, the whole cache: the engine before live buckets.
+    want = run_across_a_swap(EngineCore(models[0], CFG, EngineConfig(**{**ENGINE, "min_bucket": 64})),
+                             params_of(models[1]), swap_after=8)
+    tp = EngineCore(models[0], CFG, EngineConfig(**{**ENGINE, "decode_steps_per_call": 4}),
+                    mesh=mesh_of(jax.devices()[:2]))
+    layout = jax.tree.map(lambda x: x.sharding, (tp.cache, tp.weights))
+    got = run_across_a_swap(tp, params_of(models[1]), swap_after=2)  # 2 calls of 4 = 8 steps
+    assert_same_samples(got, want)
+    assert want[("greedy", 0)].versions == [[0, 8], [1, 4]]
+    assert tp.counters["decode_calls"] < tp.counters["decode_steps"]
     assert jax.tree.map(lambda x: x.sharding, (tp.cache, tp.weights)) == layout
 
 
