@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# One-GPU check (<= 8 min in all): the placement benchmark on Qwen2.5-1.5B's shape, the train-step
-# benchmark and a short real train run plus its audit. Run from the repository root:
+# One-GPU check (<= 8 min in all): the placement benchmark on Qwen2.5-1.5B's shape, the train-step,
+# decode and remat benchmarks, and a short real train run plus its audit. Run from the repository root:
 #   bash launch/device_check.sh            (results in ${OUT:-/tmp/device_check})
 #
 # The GPU machine has no package index and no internet. Its python3 (3.12) comes with jax (CUDA),
@@ -86,6 +86,16 @@ else grep -E "^(engine|trainer|own-process|measured)" "$WORK/placement.txt"; fi 
 stage train_step 50 python3 benchmarks/bench_train_step.py --dtype bfloat16 --layers 8 --hidden 1024 \
     --heads 16 --kv-heads 8 --vocab 32768 --rows 16 --seq 512 --matmul-n 8192 --steps 5 || true
 tail -1 "$WORK/train_step.txt" >>"$OUT/summary.txt"
+
+# ------------------------------------------------------------------ (c2) decode and remat (issue 12's figures)
+# Decode: step time vs live context and tokens/s vs decode steps per call, with the fraction of the
+# memory roofline (58 s on an H200). Remat: temporary memory, step time and MFU per policy for a
+# 3.6 B shape at 8 x 2048 tokens (53 s); the card's memory cap is raised for it alone.
+stage decode 90 python3 benchmarks/bench_decode.py --shape qwen2.5-1.5b --repeats 5 || true
+sed -n '/^step time vs live/,$p' "$WORK/decode.txt" | grep -v '^{' >>"$OUT/summary.txt"
+stage remat 120 env XLA_PYTHON_CLIENT_MEM_FRACTION=.95 python3 benchmarks/bench_remat.py --shape 4.7b \
+    --rows 8 --seq 2048 --policies none full save_attn --steps 3 || true
+grep -A5 '^ *policy' "$WORK/remat.txt" >>"$OUT/summary.txt"
 
 # ------------------------------------------------------------------ (d) a short real run and its audit
 rm -rf "$RUN"
