@@ -146,12 +146,8 @@ class Trainer:
 
     def host_params(self) -> Params:
         """The float32 params as host numpy arrays (export, tests); a collective when the mesh
-        spans processes."""
-        if self.mesh is not None and self.mesh.is_multi_process:
-            from jax.experimental import multihost_utils
-
-            return multihost_utils.process_allgather(self._params, tiled=True)
-        return jax.device_get(self._params)
+        spans processes, like `engine_params`, whose gather it reuses."""
+        return jax.device_get(self.engine_params("float32"))
 
     def _place(self, batch: TrainBatch) -> TrainBatch:
         k = self.cfg.num_microbatches
