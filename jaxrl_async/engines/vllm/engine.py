@@ -46,7 +46,7 @@ from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEng
 from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api
 from jaxrl_async.engines.vllm.weights import WeightChecker, to_torch
 from jaxrl_async.engines.vllm.worker import WeightReceiver
-from jaxrl_async.transports import TRANSPORTS, make_transport
+from jaxrl_async.transports import TRANSPORTS, check_transport_options, make_transport
 from planner.configs import build, check
 from planner.driver import append_run
 from planner.types import check_sync_mode
@@ -94,6 +94,7 @@ class VllmEngineConfig:
     def __post_init__(self) -> None:
         check_sync_mode("engine.sync_mode", self.sync_mode, SYNC_MODES)
         check(self.transport in TRANSPORTS, "engine.transport", self.transport, f"must be one of {sorted(TRANSPORTS)}")
+        check_transport_options(self.transport, self.transport_options)
         for name in ("max_num_seqs", "max_model_len", "tensor_parallel_size"):
             check(getattr(self, name) >= 1, f"engine.{name}", getattr(self, name), "must be >= 1")
 

@@ -42,3 +42,10 @@ def test_both_engines_speak_the_one_weight_sync_vocabulary():
         engine_config("vllm", {"sync_mode": "keep"})
     with pytest.raises(ValueError, match=r"^EngineConfig.sync_mode='resubmit': must be one of partial, drain$"):
         engine_config("jax", {"sync_mode": "resubmit"})
+
+
+def test_an_unknown_transport_option_is_one_line_naming_the_option_and_the_known_ones():
+    with pytest.raises(ValueError, match=r"engine.transport_options.dir: not an option of transport 'disk' "
+                                         r"\(it takes \['directory', 'keep'\]\)"):
+        engine_config("vllm", {"transport": "disk", "transport_options": {"dir": "/tmp/w"}})
+    assert engine_config("vllm", {"transport": "disk", "transport_options": {"keep": 3}}).transport_options == {"keep": 3}
