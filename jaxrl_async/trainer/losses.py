@@ -27,6 +27,20 @@ A loss is assembled from three registered pieces, chosen by `LossConfig`:
     optimization"; AReaL, Fu et al. 2025): ratio pi / pi_prox clipped, weight pi_prox / mu, not
     truncated; tokens whose weight exceeds `decoupled_is_cap` (when set) are masked out, as
     AReaL's `behav_imp_weight_cap` does.
+  * `cispo`: CISPO (MiniMax-M1, 2025): weight sg(clip(pi_prox / mu, 1 - eps_low_IS, 1 + eps_high_IS))
+    on every token's grad log pi, no PPO clip, so every token keeps a gradient (the PPO clip's
+    zero-gradient region is what CISPO removes). `cispo_eps_low=None` imposes no lower bound, as
+    MiniMax-M1 does. With one update per batch (below) the ratio is 1, the PPO clip is never
+    active, and CISPO equals `tis` with cap 1 + eps_high_IS plus an optional floor: the two
+    differ only in trainers that make several updates per batch.
+  * `m2po`: M2PO (Zheng et al. 2025, "Prosperity before Collapse"; AReaL's implementation):
+    weight pi_prox / mu, untruncated, on the tokens that survive a second-moment trust region:
+    over the whole batch, M2 = mean of (log pi_prox / mu)^2 over the loss tokens; while M2 >
+    `m2_threshold`, the tokens with the largest squared log-ratio are masked (sorted ascending,
+    the longest prefix whose mean is <= the threshold is kept; equal values at the cut-off are
+    kept or masked together). Masked tokens keep their place in the normalizer (footnote 2 of
+    the paper). The mask is a whole-batch statistic: `m2po_cutoff` computes it, and the train
+    step runs one no-grad forward of every micro-batch first when a step has several.
   What we implement for pi_prox: the trainer makes exactly ONE optimizer update per batch (the
   micro-batches of gradient accumulation all see the pre-step weights), so the pre-step policy
   *is* the current parameters at loss time, and pi_prox = stop_gradient(pi) is the exact proximal
@@ -92,6 +106,9 @@ class LossConfig:
     kl_coef: float = 0.0  # weight of the k3 KL to TrainBatch.ref_logprobs; 0 = no KL term
     tis_cap: float = 2.0  # C in min(pi_prox / mu, C) for off_policy="tis"
     decoupled_is_cap: float | None = None  # mask tokens with pi_prox / mu above it ("decoupled")
+    cispo_eps_low: float | None = None  # off_policy="cispo": floor 1 - it on the weight (None: no floor)
+    cispo_eps_high: float = 1.0  # off_policy="cispo": cap 1 + it on the weight
+    m2_threshold: float = 0.04  # off_policy="m2po": tau, the bound on the kept tokens' mean (log pi_prox/mu)^2
     norm_len: int | None = None  # constant normalizer of aggregation="drgrpo" (the max new tokens)
     adv_eps: float = 1e-6  # added to the group std in advantage="grpo"
 
@@ -104,6 +121,10 @@ class LossConfig:
             check(getattr(self, field) >= 0, f"LossConfig.{field}", getattr(self, field), "must be >= 0")
         check(self.eps_low < 1, "LossConfig.eps_low", self.eps_low, "must be < 1 (lower clip 1 - eps_low > 0)")
         check(self.tis_cap > 0, "LossConfig.tis_cap", self.tis_cap, "must be > 0")
+        check(self.cispo_eps_low is None or 0 <= self.cispo_eps_low <= 1, "LossConfig.cispo_eps_low",
+              self.cispo_eps_low, "must be in [0, 1] (the floor 1 - eps_low is >= 0) or None")
+        check(self.cispo_eps_high > 0, "LossConfig.cispo_eps_high", self.cispo_eps_high, "must be > 0")
+        check(self.m2_threshold > 0, "LossConfig.m2_threshold", self.m2_threshold, "must be > 0")
         check(self.decoupled_is_cap is None or self.decoupled_is_cap > 0, "LossConfig.decoupled_is_cap",
               self.decoupled_is_cap, "must be > 0 or None")
         check(self.aggregation != "drgrpo" or (self.norm_len is not None and self.norm_len > 0), "LossConfig.norm_len",
@@ -191,6 +212,38 @@ def decoupled_ppo(logprobs: jax.Array, behaviour_logprobs: jax.Array, cfg: LossC
     return prox, weight
 
 
+@register_off_policy("cispo")
+def clipped_is_policy_optimization(logprobs: jax.Array, behaviour_logprobs: jax.Array, cfg: LossConfig):
+    prox = jax.lax.stop_gradient(logprobs)
+    low = 0.0 if cfg.cispo_eps_low is None else 1.0 - cfg.cispo_eps_low
+    return prox, jnp.clip(jnp.exp(prox - behaviour_logprobs), low, 1.0 + cfg.cispo_eps_high)
+
+
+@register_off_policy("m2po")
+def second_moment_trust(logprobs: jax.Array, behaviour_logprobs: jax.Array, cfg: LossConfig):
+    """The weight only; `policy_loss` applies the second-moment mask (a whole-batch statistic)."""
+    prox = jax.lax.stop_gradient(logprobs)
+    return prox, jnp.exp(prox - behaviour_logprobs)
+
+
+def m2po_cutoff(log_ratio: jax.Array, mask: jax.Array, threshold: float) -> jax.Array:
+    """M2PO's trust region as a cut-off c: a token is kept iff (log pi_prox/mu)^2 <= c.
+
+    Over the tokens where `mask` holds (any shape): sort the squared log-ratios ascending and keep
+    the longest prefix whose mean is <= `threshold` (prefix means of sorted values never
+    decrease, so that prefix is a count); c is the last kept value, +inf when every token is
+    kept, -1 when none is.
+    """
+    sq = jnp.where(mask, jnp.square(log_ratio), jnp.inf).reshape(-1)
+    ordered = jnp.sort(sq)  # the masked-out (+inf) come last
+    n_valid = jnp.sum(mask)
+    counts = jnp.arange(1, ordered.size + 1, dtype=jnp.float32)
+    prefix_mean = jnp.cumsum(jnp.where(jnp.isfinite(ordered), ordered, 0.0)) / counts
+    keep = jnp.sum((prefix_mean <= threshold) & (counts <= n_valid))
+    last_kept = ordered[jnp.maximum(keep - 1, 0)]
+    return jnp.where(keep >= n_valid, jnp.inf, jnp.where(keep == 0, -1.0, last_kept))
+
+
 # ---------------------------------------------------------------- the loss
 
 
@@ -219,6 +272,7 @@ def policy_loss(
     cfg: LossConfig,
     ref_logprobs: jax.Array | None = None,  # [N, T] f32, needed when cfg.kl_coef > 0
     entropy: jax.Array | None = None,  # [N, T] f32 per-token entropy, only reported
+    m2_cutoff: jax.Array | None = None,  # [N] the whole batch's `m2po_cutoff` (m2po on a micro-batch)
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Scalar loss and metrics for (a micro-batch of) a batch; see the module docstring.
 
@@ -231,6 +285,14 @@ def policy_loss(
     logprobs_m = jnp.where(mask, logprobs, 0.0)
     behaviour = jnp.where(mask, behaviour_logprobs, 0.0)
     old, is_weight = OFF_POLICY[cfg.off_policy](logprobs_m, behaviour, cfg)
+    extra = {}
+    if cfg.off_policy == "m2po":
+        log_ratio = jax.lax.stop_gradient(logprobs_m) - behaviour
+        # Called on the whole batch, the cut-off is computed here; on a micro-batch it is given.
+        cutoff = m2po_cutoff(log_ratio, mask, cfg.m2_threshold) if m2_cutoff is None else m2_cutoff[:, None]
+        trusted = jnp.square(log_ratio) <= cutoff
+        extra["m2po_masked_frac"] = jnp.sum(metric_weights * ~trusted)
+        is_weight = jnp.where(trusted, is_weight, 0.0)
     is_weight = jax.lax.stop_gradient(jnp.where(mask, is_weight, 0.0))
     ratio = jnp.exp(logprobs_m - old)
     adv = advantages[:, None]
@@ -244,6 +306,7 @@ def policy_loss(
         "ratio_max": jnp.max(jnp.where(mask, ratio, -jnp.inf)),
         "is_weight_mean": jnp.sum(metric_weights * is_weight),
         "is_weight_max": jnp.max(jnp.where(mask, is_weight, -jnp.inf)),
+        **extra,
     }
     if cfg.kl_coef > 0:
         if ref_logprobs is None:

@@ -2,7 +2,8 @@
 
 One call = one optimizer update:
 1. whole-batch terms (group advantages, aggregation weights) — before any split, since groups
-   and normalizers span the batch;
+   and normalizers span the batch; M2PO's trust region also needs the whole batch's log-probs,
+   so with `off_policy=m2po` and several micro-batches a no-grad forward of each comes first;
 2. the rows are split into `num_microbatches` micro-batches and `lax.scan` sums their gradients
    (the weights carry the batch normalization, so the sum is exactly the full-batch gradient);
 3. if the loss or the gradient norm is not finite, the update is skipped: params and optimizer
@@ -29,7 +30,7 @@ from flax import nnx
 
 from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
-from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, policy_loss
+from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, m2po_cutoff, policy_loss
 from jaxrl_async.trainer.optim import make_optimizer
 
 Params = Any  # nested dict of arrays (nnx.State.to_pure_dict()), what nnx.merge accepts
@@ -69,6 +70,20 @@ def _split_rows(tree: Any, k: int) -> Any:
     return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), tree)
 
 
+def _m2po_cutoff_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: TrainerConfig) -> jax.Array:
+    """M2PO's whole-batch cut-off (`losses.m2po_cutoff`), as a [k, N/k] term of every row.
+
+    The trust region is a statistic of the whole batch's log(pi_prox / mu), so with several
+    micro-batches one no-grad forward of each comes first (the cut-off does not depend on row
+    order, so the split rows serve as they are)."""
+    prox = jax.lax.map(lambda tokens: sequence_logprobs(graphdef, params, tokens, cfg.compute_dtype)[0],
+                       micro["tokens"])  # [k, N/k, T]
+    mask = micro["metric_weights"] > 0
+    log_ratio = jnp.where(mask, jax.lax.stop_gradient(prox) - micro["behaviour_logprobs"], 0.0)
+    cutoff = m2po_cutoff(log_ratio, mask, cfg.loss.m2_threshold)
+    return jnp.full(micro["metric_weights"].shape[:2], cutoff)
+
+
 def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBatch,
                          cfg: TrainerConfig) -> tuple[Params, dict[str, jax.Array]]:
     """Full-batch gradient (f32, like params) and metrics, scanning over micro-batches."""
@@ -79,6 +94,8 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
         **batch_terms(batch.loss_mask, batch.rewards, batch.group_ids, cfg.loss),
     }
     micro = _split_rows(rows, cfg.num_microbatches)
+    if cfg.loss.off_policy == "m2po" and cfg.num_microbatches > 1:
+        micro["m2_cutoff"] = _m2po_cutoff_rows(graphdef, params, micro, cfg)
 
     def micro_loss(p: Params, mb: dict) -> tuple[jax.Array, dict]:
         logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype, cfg.remat)

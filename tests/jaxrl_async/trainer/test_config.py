@@ -24,6 +24,9 @@ def test_variants_differ_where_their_papers_do():
     assert load("dapo").loss.aggregation == "token_mean" and load("dapo").loss.eps_high == 0.28
     drgrpo = load("drgrpo").loss
     assert (drgrpo.advantage, drgrpo.aggregation) == ("drgrpo", "drgrpo") and drgrpo.norm_len > 0
+    cispo, m2po = load("cispo").loss, load("m2po").loss
+    assert (cispo.off_policy, cispo.cispo_eps_low, cispo.aggregation) == ("cispo", None, "token_mean")
+    assert (m2po.off_policy, m2po.m2_threshold, m2po.aggregation) == ("m2po", 0.04, "token_mean")
 
 
 def test_unknown_keys_are_refused_with_the_known_ones():

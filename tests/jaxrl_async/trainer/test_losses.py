@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_async.trainer.losses import LossConfig, batch_terms, policy_loss
+from jaxrl_async.trainer.losses import LossConfig, batch_terms, m2po_cutoff, policy_loss
 
 N, T = 6, 7
 
@@ -25,9 +25,20 @@ def make_inputs(seed=0):
     return logp, behaviour, ref, mask, rewards, group_ids
 
 
+def m2po_trusted(logp, behaviour, mask, threshold):
+    """M2PO's mask as AReaL describes it: while the mean squared log-ratio of the kept tokens
+    exceeds the threshold, mask the kept token with the largest one."""
+    sq = {(i, t): (logp[i, t] - behaviour[i, t]) ** 2 for i in range(N) for t in range(T) if mask[i, t]}
+    kept = dict(sq)
+    while kept and np.mean(list(kept.values())) > threshold:
+        del kept[max(kept, key=kept.get)]
+    return {key: key in kept for key in sq}
+
+
 def numpy_reference(logp, behaviour, ref, mask, rewards, group_ids, cfg):
     """(loss, d loss / d logp) written token by token, float64."""
     logp, behaviour, ref = (x.astype(np.float64) for x in (logp, behaviour, ref))
+    trusted = m2po_trusted(logp, behaviour, mask, cfg.m2_threshold) if cfg.off_policy == "m2po" else {}
     adv = np.zeros(N)
     for i in range(N):
         members = rewards[group_ids == group_ids[i]].astype(np.float64)
@@ -44,6 +55,11 @@ def numpy_reference(logp, behaviour, ref, mask, rewards, group_ids, cfg):
                 r, w = 1.0, np.exp(logp[i, t] - behaviour[i, t])
                 if cfg.off_policy == "tis":
                     w = min(w, cfg.tis_cap)
+                elif cfg.off_policy == "cispo":
+                    w = min(max(w, 1 - (cfg.cispo_eps_low if cfg.cispo_eps_low is not None else 1)),
+                            1 + cfg.cispo_eps_high)
+                elif cfg.off_policy == "m2po" and not trusted[i, t]:
+                    w = 0.0
             a = adv[i]
             unclipped, clipped = r * a, np.clip(r, 1 - cfg.eps_low, 1 + cfg.eps_high) * a
             per_token[i, t] = -w * min(unclipped, clipped)
@@ -82,6 +98,10 @@ CASES = [
     LossConfig(advantage="grpo", aggregation="token_mean", off_policy="decoupled"),
     LossConfig(advantage="drgrpo", aggregation="seq_mean", off_policy="none", kl_coef=0.3),
     LossConfig(advantage="grpo", aggregation="drgrpo", off_policy="tis", kl_coef=0.1, norm_len=8),
+    LossConfig(advantage="grpo", aggregation="token_mean", off_policy="cispo"),
+    LossConfig(advantage="grpo", aggregation="seq_mean", off_policy="cispo", cispo_eps_low=0.1, cispo_eps_high=0.2),
+    LossConfig(advantage="grpo", aggregation="token_mean", off_policy="m2po"),
+    LossConfig(advantage="drgrpo", aggregation="seq_mean", off_policy="m2po", m2_threshold=0.08),
 ]
 
 
@@ -150,6 +170,9 @@ def test_weights_split_by_rows_sum_to_the_full_batch_loss():
     for cfg in CASES:
         full, _, _ = jax_loss_and_grad(logp, behaviour, ref, mask, rewards, group_ids, cfg)
         terms = batch_terms(jnp.asarray(mask), jnp.asarray(rewards), jnp.asarray(group_ids), cfg)
+        if cfg.off_policy == "m2po":  # a whole-batch statistic: the train step computes it first
+            cutoff = m2po_cutoff(jnp.asarray(logp - behaviour), jnp.asarray(mask > 0), cfg.m2_threshold)
+            terms["m2_cutoff"] = jnp.full((N,), cutoff)
         parts = 0.0
         for rows in (slice(0, 2), slice(2, 4), slice(4, 6)):
             part, _ = policy_loss(jnp.asarray(logp[rows]), behaviour_logprobs=jnp.asarray(behaviour[rows]),
@@ -178,3 +201,37 @@ def test_kl_without_reference_logprobs_is_an_error():
     terms = batch_terms(jnp.asarray(mask), jnp.asarray(rewards), jnp.asarray(group_ids), cfg)
     with pytest.raises(ValueError, match="ref_logprobs"):
         policy_loss(jnp.asarray(logp), behaviour_logprobs=jnp.asarray(behaviour), cfg=cfg, **terms)
+
+
+def test_cispo_weights_every_token_and_clips_the_weight_not_the_gradient():
+    """CISPO's point: no token loses its gradient to the PPO clip; the clip acts on the weight."""
+    logp, behaviour, ref, mask, rewards, group_ids = make_inputs()
+    cfg = LossConfig(off_policy="cispo", cispo_eps_low=0.1, cispo_eps_high=0.2)
+    _, grad, metrics = jax_loss_and_grad(logp, behaviour, ref, mask, rewards, group_ids, cfg)
+    adv = np.asarray(batch_terms(jnp.asarray(mask), jnp.asarray(rewards), jnp.asarray(group_ids), cfg)["advantages"])
+    live = (mask > 0) & (adv[:, None] != 0)
+    assert np.all(np.asarray(grad)[live] != 0) and float(metrics["clip_frac"]) == 0.0
+    weight = np.exp(logp - behaviour)[mask > 0]
+    assert (weight > 1.2).any() and (weight < 0.9).any()  # both bounds are hit in this batch
+    assert float(metrics["is_weight_max"]) == pytest.approx(1.2)
+
+
+def test_m2po_masks_the_largest_squared_log_ratios_until_the_mean_is_under_the_threshold():
+    logp, behaviour, ref, mask, rewards, group_ids = make_inputs()
+    cfg = LossConfig(off_policy="m2po", m2_threshold=0.04)
+    sq = ((logp - behaviour) ** 2)[mask > 0]
+    assert sq.mean() > cfg.m2_threshold  # the trust region binds on this batch
+    cutoff = float(m2po_cutoff(jnp.asarray(logp - behaviour), jnp.asarray(mask > 0), cfg.m2_threshold))
+    kept = sq[sq <= cutoff]
+    assert 0 < kept.size < sq.size and kept.mean() <= cfg.m2_threshold
+    assert np.sort(sq)[: kept.size + 1].mean() > cfg.m2_threshold  # the longest such prefix
+    _, _, metrics = jax_loss_and_grad(logp, behaviour, ref, mask, rewards, group_ids, cfg)
+    assert float(metrics["m2po_masked_frac"]) == pytest.approx(1 - kept.size / sq.size)
+
+
+def test_m2po_cutoff_keeps_everything_under_the_threshold_and_nothing_when_every_token_is_far():
+    mask = jnp.ones((2, 3), bool)
+    assert float(m2po_cutoff(jnp.full((2, 3), 0.1), mask, 0.04)) == np.inf  # M2 = 0.01
+    assert float(m2po_cutoff(jnp.full((2, 3), 1.0), mask, 0.04)) == -1.0
+    half = jnp.asarray([[0.0, 0.0, 0.0], [5.0, 5.0, 0.0]])  # the two 25s go, the four 0s stay
+    assert float(m2po_cutoff(half, mask, 0.04)) == 0.0

@@ -73,6 +73,19 @@ def test_gradient_accumulation_over_micro_batches_equals_one_big_batch():
     assert_trees_close(accumulated.params(), whole.params(), atol=1e-6)
 
 
+def test_m2po_over_micro_batches_masks_with_the_whole_batch_cutoff():
+    """M2PO's trust region spans the batch: accumulating over micro-batches changes nothing."""
+    loss = LossConfig(off_policy="m2po", m2_threshold=0.02)
+    whole = make_trainer(TrainerConfig(loss=loss, optim=CFG.optim))
+    accumulated = make_trainer(TrainerConfig(loss=loss, optim=CFG.optim, num_microbatches=4))
+    batch = make_batch()
+    m_whole, m_acc = whole.step(batch), accumulated.step(batch)
+    assert 0 < m_whole["m2po_masked_frac"] < 1  # the trust region binds on this batch
+    for key in ("loss", "grad_norm", "m2po_masked_frac", "is_weight_mean"):
+        assert m_acc[key] == pytest.approx(m_whole[key], rel=1e-5, abs=1e-7), key
+    assert_trees_close(accumulated.params(), whole.params(), atol=1e-6)
+
+
 def test_sharded_step_on_a_four_device_mesh_equals_the_unsharded_step():
     mesh = make_mesh(data=2, fsdp=2)
     sharded = make_trainer(TrainerConfig(loss=CFG.loss, optim=CFG.optim, num_microbatches=2), mesh=mesh)
