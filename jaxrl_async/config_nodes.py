@@ -3,8 +3,8 @@
 The defaults live in the dataclasses only; `conf/` states what differs. For Hydra to take a
 command-line override of a key, the composed config must hold that key, so each group file lists
 its dataclass's node first (`defaults: [/base/engine/jax@_here_, _self_]`) and Hydra merges the
-YAML over it. Call `register_config_nodes()` before composing `conf/` (train.py and generate.py
-do, and so do the tests' compose helpers); the simulator's nodes are planner/simulate.py's.
+YAML over it. Call `register_config_nodes()` before composing `conf/` (train.py, generate.py and
+eval.py do, and so do the tests' compose helpers); the simulator's nodes are planner/simulate.py's.
 
 To add a group option: its dataclass in the registry that types it (engines/registry.py,
 cluster/config.py CLUSTER_MODES, tasks TASKS) is picked up here; a new group gets a line below.
@@ -17,6 +17,7 @@ def config_nodes() -> dict[str, type]:
     """ConfigStore path (under `base/`) -> the dataclass whose defaults it holds."""
     from jaxrl_async.cluster.config import CLUSTER_MODES
     from jaxrl_async.engines.registry import ENGINES
+    from jaxrl_async.eval import EvalConfig
     from jaxrl_async.generate import GenerateConfig
     from jaxrl_async.runtime.config import RunConfig
     from jaxrl_async.tasks import TASKS
@@ -25,6 +26,7 @@ def config_nodes() -> dict[str, type]:
     return {
         "train": RunConfig,  # the top level of conf/train.yaml
         "generate": GenerateConfig,  # the top level of conf/generate.yaml
+        "eval": EvalConfig,  # the top level of conf/eval.yaml
         "trainer": TrainerConfig,
         **{f"engine/{name}": entry.config for name, entry in ENGINES.items()},
         **{f"cluster/{name}": cls for name, cls in CLUSTER_MODES.items()},

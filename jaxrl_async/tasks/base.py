@@ -5,9 +5,14 @@ asks it for a `PromptStream` (tokenized `Prompt`s, shuffled per epoch, checkpoin
 every finished trajectory, for `reward(prompt, completion_text, completion_ids)`, which never
 raises: errors become a 0.0 reward with the reason attached (see rewards.py).
 
+Splits: `examples()` is the training split; `test_examples()` is the held-out split that
+`python -m jaxrl_async.eval` scores by default — prompts training never sees (a file of its own,
+or generated apart from the training ones). A task without one says so when asked.
+
 To add a task: subclass `TaskConfig` (a frozen dataclass, every field with a default and a
-comment) and `Task` (set `name` and `config_class`, implement `examples` and `score`), decorate it
-with `@register_task`, import its module in `tasks/__init__.py` and add `conf/task/<name>.yaml`.
+comment) and `Task` (set `name` and `config_class`, implement `examples` and `score`, and
+`test_examples` when it has a held-out split), decorate it with `@register_task`, import its
+module in `tasks/__init__.py` and add `conf/task/<name>.yaml`.
 Every task also takes `reward_fn` (a user function that replaces `score`) and `reward_timeout_s`.
 """
 
@@ -17,7 +22,7 @@ import abc
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -25,6 +30,9 @@ from jaxrl_async.tasks.rewards import RewardResult, RewardRunner, load_reward_fn
 from jaxrl_async.tasks.stream import PromptStream
 from jaxrl_async.tokenizer import Tokenizer
 from planner.configs import build, check
+
+
+SPLITS = ("train", "test")
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,14 @@ class Task(abc.ABC):
     def examples(self) -> list[Example]:
         """The whole dataset, in a fixed order; invalid data raises ValueError here."""
 
+    def test_examples(self) -> list[Example]:
+        """The held-out split, disjoint from `examples()`; a task without one raises ValueError."""
+        raise ValueError(f"task {self.name!r} has no held-out split (split=test); evaluate split=train")
+
+    def split_examples(self, split: str) -> list[Example]:
+        check(split in SPLITS, "split", split, f"must be one of {SPLITS}")
+        return self.examples() if split == "train" else self.test_examples()
+
     @abc.abstractmethod
     async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
         """The task's own reward for one completion of `prompt` (may raise; `reward` contains it)."""
@@ -111,6 +127,13 @@ class Task(abc.ABC):
     def make_stream(self, tokenizer: Tokenizer, chat_template: str | None, *, seed: int,
                     shuffle: bool = True, num_epochs: int | None = None) -> PromptStream:
         """Tokenized prompts of `examples()`; `chat_template` None sends the raw content."""
+        return PromptStream(self.examples(), self.encoder(tokenizer, chat_template), seed=seed, shuffle=shuffle,
+                            num_epochs=num_epochs)
+
+    @staticmethod
+    def encoder(tokenizer: Tokenizer, chat_template: str | None) -> Callable[[Example], Prompt]:
+        """Example -> Prompt as the model sees it: the chat template applied to the content (None:
+        the raw content), tokenized. Training and evaluation share it."""
         if chat_template is not None and chat_template != tokenizer.chat_template:
             tokenizer = dataclasses.replace(tokenizer, chat_template=chat_template)
 
@@ -125,7 +148,7 @@ class Task(abc.ABC):
             return Prompt(example.prompt_id, text, ids, example.answer,
                           {**example.meta, "content": example.content})
 
-        return PromptStream(self.examples(), encode, seed=seed, shuffle=shuffle, num_epochs=num_epochs)
+        return encode
 
 
 TASKS: dict[str, type[Task]] = {}

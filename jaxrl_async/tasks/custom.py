@@ -18,6 +18,7 @@ from planner.configs import check
 @dataclass(frozen=True, kw_only=True)
 class CustomConfig(TaskConfig):
     path: str | None = None  # JSONL of {"prompt", "answer"?}; required
+    test_path: str | None = None  # the held-out split, same format; None: none
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -32,7 +33,15 @@ class CustomTask(Task):
     cfg: CustomConfig
 
     def examples(self) -> list[Example]:
-        path = Path(self.cfg.path)
+        return self._read(Path(self.cfg.path))
+
+    def test_examples(self) -> list[Example]:
+        if self.cfg.test_path is None:
+            raise ValueError("task.test_path=None: split=test needs a held-out JSONL of the same format "
+                             "(task.test_path=FILE)")
+        return self._read(Path(self.cfg.test_path))
+
+    def _read(self, path: Path) -> list[Example]:
         examples = []
         for number, row in read_jsonl(path, {"prompt": str}):
             meta = {k: v for k, v in row.items() if k not in ("prompt", "answer")}

@@ -29,6 +29,7 @@ SAMPLE_PATH = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 @dataclass(frozen=True, kw_only=True)
 class GSM8KConfig(TaskConfig):
     path: str | None = None  # GSM8K-format JSONL; None: the sample in jaxrl_async/tasks/data/
+    test_path: str | None = None  # the held-out split (e.g. GSM8K's test.jsonl); None: none
     # Appended to each question (after a blank line).
     instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
 
@@ -58,7 +59,14 @@ class GSM8KTask(Task):
     cfg: GSM8KConfig
 
     def examples(self) -> list[Example]:
-        path = Path(self.cfg.path) if self.cfg.path is not None else SAMPLE_PATH
+        return self._read(Path(self.cfg.path) if self.cfg.path is not None else SAMPLE_PATH)
+
+    def test_examples(self) -> list[Example]:
+        if self.cfg.test_path is None:
+            raise ValueError("task.test_path=None: split=test needs a held-out GSM8K-format JSONL (task.test_path=FILE)")
+        return self._read(Path(self.cfg.test_path))
+
+    def _read(self, path: Path) -> list[Example]:
         examples = []
         for number, row in read_jsonl(path, {"question": str, "answer": str}):
             final = final_answer(row["answer"])

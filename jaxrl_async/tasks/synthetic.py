@@ -61,6 +61,11 @@ class RepeatLetterTask(Task):
         return [Example(f"repeat_letter-{i}", letters[i % len(letters)] * 8,
                         letters[i % len(letters)]) for i in range(self.cfg.num_prompts)]
 
+    def test_examples(self) -> list[Example]:
+        """Each letter once: the task has only len(alphabet) distinct prompts, so its test split
+        measures the skill on every one of them, not generalisation to unseen prompts."""
+        return [Example(f"repeat_letter-test-{c}", c * 8, c) for c in self.cfg.alphabet]
+
     async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
         if not completion_text:
             return 0.0
@@ -73,12 +78,13 @@ class CopyStringConfig(TaskConfig):
     min_len: int = 2  # shortest string to copy
     max_len: int = 3  # longest string to copy
     num_prompts: int = 256  # prompts per epoch
+    num_test_prompts: int = 64  # held-out strings (split=test), none of them a training string
     data_seed: int = 0  # seeds the strings (the stream's seed only orders them)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_alphabet(self.alphabet)
-        for name in ("min_len", "num_prompts"):
+        for name in ("min_len", "num_prompts", "num_test_prompts"):
             check(getattr(self, name) >= 1, f"task.{name}", getattr(self, name), "must be >= 1")
         check(self.max_len >= self.min_len, "task.max_len", self.max_len, f"must be >= min_len={self.min_len!r}")
 
@@ -91,10 +97,30 @@ class CopyStringTask(Task):
 
     def examples(self) -> list[Example]:
         cfg = self.cfg
-        rng = np.random.default_rng(cfg.data_seed)
-        lengths = rng.integers(cfg.min_len, cfg.max_len + 1, size=cfg.num_prompts)
-        strings = ["".join(rng.choice(list(cfg.alphabet), size=n)) for n in lengths]
-        return [Example(f"copy_string-{i}", " ".join([s] * 4), s) for i, s in enumerate(strings)]
+        return [Example(f"copy_string-{i}", " ".join([s] * 4), s)
+                for i, s in enumerate(self._strings(cfg.data_seed, cfg.num_prompts))]
+
+    def test_examples(self) -> list[Example]:
+        """Up to `num_test_prompts` distinct strings that are not training strings (fewer when
+        the alphabet and lengths allow fewer), drawn from a stream of their own."""
+        cfg, seen = self.cfg, {e.answer for e in self.examples()}
+        held_out: list[str] = []
+        for s in self._strings([cfg.data_seed, 1], 50 * cfg.num_test_prompts):
+            if s not in seen:
+                seen.add(s)
+                held_out.append(s)
+                if len(held_out) == cfg.num_test_prompts:
+                    break
+        if not held_out:
+            raise ValueError(f"task copy_string: every string of the alphabet {cfg.alphabet!r} with lengths "
+                             f"{cfg.min_len}..{cfg.max_len} is a training string; no held-out split is left")
+        return [Example(f"copy_string-test-{i}", " ".join([s] * 4), s) for i, s in enumerate(held_out)]
+
+    def _strings(self, seed, count: int) -> list[str]:
+        cfg = self.cfg
+        rng = np.random.default_rng(seed)
+        lengths = rng.integers(cfg.min_len, cfg.max_len + 1, size=count)
+        return ["".join(rng.choice(list(cfg.alphabet), size=n)) for n in lengths]
 
     async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
         target: str = prompt.answer

@@ -7,6 +7,7 @@ import pytest
 
 from jaxrl_async.models.loading import load_model
 from jaxrl_async.tasks import build_task
+from jaxrl_async.tasks.synthetic import CopyStringConfig, CopyStringTask, RepeatLetterConfig, RepeatLetterTask
 from tests.helpers.tasks import score
 
 
@@ -64,3 +65,21 @@ def test_a_random_tiny_model_scores_below_0_2_on_the_synthetic_tasks():
         rewards = [score(task, p.answer, t) for p, t in zip(rows, texts)]
         assert np.mean(rewards) < 0.2, (name, np.mean(rewards), texts[:4])
         assert sum(map(len, texts)) > 8 * 8 * 4  # the completions are real text, not empty
+
+
+def test_copy_string_holds_out_strings_that_training_never_shows():
+    task = CopyStringTask(CopyStringConfig(num_test_prompts=40))
+    train = {e.answer for e in task.examples()}
+    test = [e.answer for e in task.test_examples()]
+    assert len(test) == 40 == len(set(test)) and not train & set(test)
+    assert task.examples() == CopyStringTask(CopyStringConfig(num_test_prompts=3)).examples()  # training data unchanged
+
+
+def test_copy_string_without_any_string_left_to_hold_out_says_so():
+    task = CopyStringTask(CopyStringConfig(alphabet="ab", min_len=1, max_len=1, num_prompts=50))
+    with pytest.raises(ValueError, match="no held-out split is left"):
+        task.test_examples()
+
+
+def test_repeat_letter_tests_every_letter_once():
+    assert [e.answer for e in RepeatLetterTask(RepeatLetterConfig(alphabet="xyz")).test_examples()] == list("xyz")

@@ -1,0 +1,224 @@
+"""`python -m jaxrl_async.eval [overrides]`: score a model on a task's held-out split.
+
+    python -m jaxrl_async.eval model=smollm2_135m task=gsm8k task.test_path=test.jsonl
+    python -m jaxrl_async.eval model.source=RUN_DIR/hf task=copy_string samples=8 output=json
+
+Hydra composes `conf/eval.yaml` (groups: model, task; the top-level keys are `EvalConfig`'s).
+`model.source` takes a registered name, a HF directory (a run's `hf/` export) or a .gguf file.
+Every prompt of the split (`split=test` by default, `Task.test_examples`) is decoded greedily
+once; `samples=k > 1` also draws k samples per prompt at `temperature`. The task's own reward
+scores each completion (or its `reward_fn`), and a completion *passes* when its reward is >=
+`pass_threshold` (1.0: fully right; dense rewards such as the synthetic tasks' may set less).
+
+Reported (`output=table` prints a table; `output=json` exactly one JSON object):
+  pass_at_1    greedy completions that pass / prompts
+  mean_reward  mean greedy reward
+  n            prompts scored;  reward_errors: rewards that failed (scored 0.0)
+  mean_at_k, pass_at_k (samples > 1): mean sampled reward; prompts with >= 1 passing sample
+The same `evaluate` runs inside training (`eval_every`), on the training engine.
+
+Bad input — an unknown model, task or key, a task without a held-out split, a prompt that does
+not fit the model's context — is one line on stderr and exit status 1 (the Compose API is used,
+as in generate.py, so Hydra's multi-line errors are joined into one line).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from jaxrl_async.models.loading import ModelSpec
+from planner.configs import build, check
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+OUTPUTS = ("table", "json")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """The command line's keys (`conf/eval.yaml` documents them; the defaults live here)."""
+
+    model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
+    task: dict  # the `task=` group (checked by `build_task`)
+    split: str = "test"  # test: the held-out prompts | train: the training ones
+    samples: int = 1  # k: 1 = greedy only; > 1 also k samples per prompt at `temperature`
+    temperature: float = 1.0  # of the k samples (the greedy pass ignores it)
+    top_p: float = 1.0  # of the k samples
+    max_new_tokens: int = 256  # longest completion
+    limit: int | None = None  # score only the split's first N prompts; null = all
+    pass_threshold: float = 1.0  # a completion passes when its reward is >= this
+    seed: int = 0  # sampling seed of the k samples
+    num_slots: int = 32  # sequences the engine decodes at once
+    output: str = "table"  # table | json
+
+    def __post_init__(self) -> None:
+        check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")
+        for name in ("samples", "max_new_tokens", "num_slots"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and value >= 1, name, value, "must be an int >= 1")
+        check(self.limit is None or (isinstance(self.limit, int) and self.limit >= 1), "limit", self.limit,
+              "must be an int >= 1 or null (all)")
+        check(self.temperature > 0, "temperature", self.temperature, "must be > 0 (samples are drawn; greedy is separate)")
+        check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
+        check(self.samples <= self.num_slots, "samples", self.samples,
+              f"must be <= num_slots={self.num_slots} (a prompt's samples are decoded together)")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What `evaluate` measured; `to_json` is the `output=json` object."""
+
+    pass_at_1: float
+    mean_reward: float
+    n: int
+    reward_errors: int
+    samples: int
+    mean_at_k: float | None = None
+    pass_at_k: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pass_at_1": self.pass_at_1, "mean_reward": self.mean_reward, "n": self.n,
+                               "reward_errors": self.reward_errors, "samples": self.samples}
+        if self.samples > 1:
+            out.update(mean_at_k=self.mean_at_k, pass_at_k=self.pass_at_k)
+        return out
+
+
+def typed_config(cfg: dict[str, Any]) -> EvalConfig:
+    """The composed `conf/eval.yaml` -> `EvalConfig`; every problem is a one-line ValueError."""
+    model, task = cfg.get("model"), cfg.get("task")
+    check(isinstance(model, dict) and "source" in model, "model", model, "choose one with model=NAME (conf/model/*.yaml)")
+    check(isinstance(task, dict) and "name" in task, "task", task, "choose one with task=NAME (conf/task/*.yaml)")
+    return build(EvalConfig, {**cfg, "model": {**model, "source": str(model["source"])}}, "")
+
+
+def decode_all(core, prompts: list, sampling) -> dict[str, list[list[int]]]:
+    """Every prompt through `core` (an `EngineCore`) with `sampling`; request id -> each sample's
+    tokens, in sample order. The core queues what does not fit its slots."""
+    from jaxrl_async.engines.base import GenerationRequest
+
+    pieces: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for i, prompt in enumerate(prompts):
+        core.submit(GenerationRequest(f"eval.{i}", list(prompt.prompt_ids), sampling))
+    while core.has_work():
+        for out in core.step():
+            pieces[(out.request_id, out.sample_index)] += out.token_ids
+    tokens: dict[str, list[list[int]]] = defaultdict(list)
+    for (request_id, index) in sorted(pieces, key=lambda key: (key[0], key[1])):
+        tokens[request_id].append(pieces[(request_id, index)])
+    return tokens
+
+
+async def score_all(task, tokenizer, prompts: list, tokens: dict[str, list[list[int]]]) -> list[list[Any]]:
+    """The task's reward of every sample: per prompt, one `RewardResult` per sample."""
+    async def one(prompt, ids):
+        return await task.reward(prompt, tokenizer.decode(ids), ids)
+
+    return [await asyncio.gather(*(one(p, ids) for ids in tokens[f"eval.{i}"])) for i, p in enumerate(prompts)]
+
+
+def summarize(greedy: list[list[Any]], sampled: list[list[Any]] | None, threshold: float) -> EvalResult:
+    """pass@1 / mean reward of the greedy completions (one per prompt), mean@k / pass@k of the samples."""
+    first = [results[0] for results in greedy]
+    errors = sum(r.error is not None for r in first)
+    out = dict(pass_at_1=sum(r.value >= threshold for r in first) / len(first),
+               mean_reward=sum(r.value for r in first) / len(first), n=len(first), samples=1)
+    if sampled is not None:
+        flat = [r for results in sampled for r in results]
+        errors += sum(r.error is not None for r in flat)
+        out.update(samples=len(sampled[0]), mean_at_k=sum(r.value for r in flat) / len(flat),
+                   pass_at_k=sum(any(r.value >= threshold for r in results) for results in sampled) / len(sampled))
+    return EvalResult(reward_errors=errors, **out)
+
+
+def evaluate(config: EvalConfig) -> tuple[EvalResult, dict[str, Any]]:
+    """Load the model and the task, decode the split, score it. Returns (result, run facts)."""
+    from jaxrl_async.engines.base import SamplingParams
+    from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+    from jaxrl_async.models.loading import load_model
+    from jaxrl_async.tasks import build_task
+
+    task = build_task(config.task)  # data first: a missing split fails before the model loads
+    examples = task.split_examples(config.split)[: config.limit]
+    loaded = load_model(config.model.source, dtype=config.model.dtype)
+    tok = loaded.tokenizer
+    if tok is None:
+        raise ValueError(f"model.source={config.model.source!r}: has no tokenizer.json; cannot encode prompts")
+    encode = task.encoder(tok, loaded.chat_template)
+    prompts = [encode(e) for e in examples]
+    need = max(len(p.prompt_ids) for p in prompts) + config.max_new_tokens
+    context = loaded.cfg.max_position_embeddings
+    if need > context:
+        raise ValueError(f"the longest prompt + max_new_tokens={config.max_new_tokens} = {need} tokens exceeds the "
+                         f"model's context max_position_embeddings={context}")
+    stop = tuple(dict.fromkeys((*tok.eos_token_ids, *loaded.cfg.eos_token_ids)))
+    core = EngineCore(loaded.model, loaded.cfg, EngineConfig(num_slots=config.num_slots, max_len=need,
+                                                             min_bucket=min(16, need), seed=config.seed))
+    t0 = time.monotonic()
+    greedy_params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop_token_ids=stop)
+    greedy = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, greedy_params)))
+    sampled = None
+    if config.samples > 1:
+        params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                                top_p=config.top_p, stop_token_ids=stop, n=config.samples, seed=config.seed)
+        sampled = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, params)))
+    result = summarize(greedy, sampled, config.pass_threshold)
+    facts = {"model": config.model.source, "task": config.task["name"], "split": config.split,
+             "elapsed_s": round(time.monotonic() - t0, 3)}
+    return result, facts
+
+
+def table(result: EvalResult, facts: dict[str, Any]) -> str:
+    """The `output=table` rendering (rich, no colours: it goes to logs as often as to a terminal)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"{facts['model']} on {facts['task']} ({facts['split']}, {result.n} prompts, "
+                    f"{facts['elapsed_s']:.0f} s)")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    for key, value in result.to_json().items():
+        t.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    console = Console(color_system=None, width=100, file=io.StringIO())
+    console.print(t)
+    return console.file.getvalue()
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    from jaxrl_async.config_nodes import register_config_nodes
+
+    overrides = sys.argv[1:] if argv is None else argv
+    register_config_nodes()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            composed = compose(config_name="eval", overrides=overrides)
+        config = typed_config(OmegaConf.to_container(composed, resolve=True))
+        result, facts = evaluate(config)
+    except (ValueError, HydraException, OmegaConfBaseException) as e:
+        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        print(f"error: {message or type(e).__name__}", file=sys.stderr)
+        return 1
+    if config.output == "json":
+        print(json.dumps({**result.to_json(), **facts}))
+    else:
+        print(table(result, facts), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    from jaxrl_async.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""`python -m jaxrl_async.eval`: a model scored on a task's held-out split."""
+
+import json
+
+import numpy as np
+import pytest
+
+from jaxrl_async.eval import main, summarize
+from jaxrl_async.models.loading import load_model
+from jaxrl_async.tasks import RewardResult
+from jaxrl_async.tasks.synthetic import RepeatLetterConfig, RepeatLetterTask
+
+
+def run_main(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def answer_is_greedy_reward(prompt_text: str, completion_text: str, answer) -> float:
+    """A user reward that passes exactly the completions this test module precomputed."""
+    return float(completion_text == EXPECTED.get(prompt_text))
+
+
+EXPECTED: dict[str, str] = {}
+
+
+def test_json_is_one_object_of_the_held_out_split_scored_by_the_task(capsys):
+    code, out, err = run_main(capsys, "task=copy_string", "limit=6", "max_new_tokens=4", "output=json")
+    assert code == 0 and err == ""
+    result = json.loads(out)
+    assert {"pass_at_1", "mean_reward", "n", "reward_errors", "samples", "split"} <= set(result)
+    assert result["n"] == 6 and result["split"] == "test" and result["reward_errors"] == 0
+    # The random `tiny` model: a byte-level near-uniform guess almost never matches.
+    assert 0 <= result["pass_at_1"] <= result["mean_reward"] + 1e-9 and result["mean_reward"] < 0.2
+
+
+def test_greedy_pass_at_1_counts_the_completions_whose_reward_reaches_the_threshold(capsys):
+    """The greedy completions are the model's argmax continuations: a reward that passes exactly
+    those (and the expected texts of half the prompts swapped for wrong ones) gives pass@1 = 1/2."""
+    loaded = load_model("tiny")
+    tok = loaded.tokenizer
+    task = RepeatLetterTask(RepeatLetterConfig(alphabet="abcd"))
+    encode = task.encoder(tok, loaded.chat_template)
+    for i, example in enumerate(task.test_examples()):
+        ids = list(encode(example).prompt_ids)
+        for _ in range(3):  # greedy by the uncached forward
+            logits = loaded.model(np.asarray([ids], np.int32), np.arange(len(ids), dtype=np.int32)[None])
+            ids.append(int(np.argmax(logits[0, -1])))
+        EXPECTED[example.content] = tok.decode(ids[-3:]) if i % 2 == 0 else "wrong"
+    code, out, err = run_main(
+        capsys, "task.alphabet=abcd", f"+task.reward_fn={__name__}:answer_is_greedy_reward", "max_new_tokens=3",
+        "samples=3", "output=json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["n"] == 4 and result["pass_at_1"] == pytest.approx(0.5) and result["mean_reward"] == pytest.approx(0.5)
+    assert 0 <= result["mean_at_k"] <= 1 and result["samples"] == 3
+
+
+def test_summary_of_greedy_and_sampled_rewards():
+    ok, half, bad = RewardResult(1.0), RewardResult(0.5), RewardResult(0.0, "reward f raised KeyError: x")
+    greedy = [[ok], [half], [bad], [ok]]
+    sampled = [[bad, half, ok], [half, half, half], [bad, bad, bad], [ok, ok, ok]]
+    r = summarize(greedy, sampled, threshold=1.0)
+    assert (r.pass_at_1, r.mean_reward, r.n) == (0.5, 0.625, 4)
+    assert r.pass_at_k == 0.5 and r.mean_at_k == pytest.approx(sum([1.5, 1.5, 0, 3]) / 12)
+    assert r.reward_errors == 1 + 4
+    assert summarize(greedy, None, threshold=0.5).pass_at_1 == 0.75  # a dense reward may pass below 1
+
+
+@pytest.mark.parametrize("args, message", [
+    (["task=gsm8k"], "task.test_path=None: split=test needs a held-out GSM8K-format JSONL"),
+    (["split=validation"], "split='validation': must be one of ('train', 'test')"),
+    (["samples=0"], "samples=0: must be an int >= 1"),
+    (["temperatur=0.5"], "temperatur"),
+    (["model=nope"], "model"),
+])
+def test_bad_input_is_one_line_and_status_1(capsys, args, message):
+    code, out, err = run_main(capsys, *args)
+    assert code == 1 and out == "" and message in err and err.count("\n") == 1, err
+
+
+def test_the_training_split_is_available_too(capsys):
+    code, out, _ = run_main(capsys, "split=train", "limit=3", "max_new_tokens=2", "output=json")
+    assert code == 0 and json.loads(out)["n"] == 3
