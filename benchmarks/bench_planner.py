@@ -1,6 +1,7 @@
 """Planner benchmark: every policy × η × scenario in the simulator, ratios side by side.
 
     python benchmarks/bench_planner.py [--seeds 3] [--steps 100] [--etas 1 2 4] [--jobs 2] [--out DIR]
+    python benchmarks/bench_planner.py --length-bias-only [...]    # only the length-bias table
 
 Scenarios (docs/design.md §4; issue "Planner" item 6): heavy-tail lengths, bimodal lengths, a
 slot-limited engine (max concurrency below the admission quota), uneven workers (drain sync),
@@ -13,12 +14,19 @@ Every figure is the median over seeds; each seed runs every policy on the same w
 Each lookahead run's ledger is audited (`planner.audit`): a failure aborts the benchmark.
 The ablation table isolates what lookahead's flexibility buys: deadline refinement at start,
 the length predictor, and partial rollout vs drain.
+
+The length-bias table (docs/design.md §8.2) compares the drop-based strict baselines with
+lookahead on the length-skewed workloads: the KS statistic and mean-length ratio of trained vs
+admitted groups, from the workload's true lengths (the simulator's summary), and the audit's
+estimate from generated tokens alone — what a real run's ledger holds, where a dropped group
+counts only what it had generated. `--length-bias-only` runs just that table (length_bias.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import statistics
 import sys
 import tempfile
@@ -41,6 +49,8 @@ SCENARIOS: dict[str, list[str]] = {
     "faults": ["workload=lognormal", DATASET, "sim=fault"],
 }
 STRICT_RIGIDS = ("nemo_in_order", "nemo_weight_fifo")
+LENGTH_BIAS_POLICIES = ("lookahead", "verl_drop", "trl", "prime_rl", "nemo_windowed")
+LENGTH_BIAS_SCENARIOS = ("heavy_tail", "bimodal")
 ABLATIONS: dict[str, list[str]] = {
     "lookahead": [],
     "lookahead, no refine at start": ["policy.refine_on_start=false"],
@@ -54,13 +64,18 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
     overrides = [*SCENARIOS[scenario], f"policy={policy}", f"max_staleness={'null' if eta is None else eta}",
                  f"seed={seed}", f"steps={steps_count}", *extra]
     config = compose(overrides)
+    estimate = {"ks": None}
     with tempfile.TemporaryDirectory() as tmp:
-        audited = policy == "lookahead"
+        audited = policy == "lookahead" or (policy in LENGTH_BIAS_POLICIES and scenario in LENGTH_BIAS_SCENARIOS)
         result = run_simulation(config, tmp if audited else None, plots=False)
         if audited:
             report = audit(tmp, eta)
-            if not report.ok or report.groups_dropped:
+            if policy == "lookahead" and (not report.ok or report.groups_dropped):
                 raise SystemExit(f"lookahead audit failed in {scenario} η={eta} seed={seed}: {report.verdict()}")
+            if report.length_bias != result.summary["length_bias"]:  # the ledger's true lengths are the truth
+                raise SystemExit(f"{policy} {scenario} η={eta} seed={seed}: the audit's length bias "
+                                 f"{report.length_bias} is not the simulator's {result.summary['length_bias']}")
+            estimate = real_run_estimate(Path(tmp), eta)
     s = result.summary
     drops = s.get("drops_by_reason", {})
     # Steady state: from step S/5 (after warm-up) to S − η − 2 (before the end of the run, where a
@@ -76,7 +91,18 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
         "end_of_run": drops.get("end_of_run", 0), "tokens_wasted": s["tokens_wasted"],
         "max_staleness": s["max_token_staleness"], "mean_staleness": s["mean_token_staleness"],
         "deadlock": s.get("deadlock", False),
+        "length_ks": s["length_bias"]["ks"], "length_ratio": s["length_bias"]["mean_length_ratio"],
+        "length_ks_estimate": estimate["ks"],
     }
+
+
+def real_run_estimate(run_dir: Path, eta: int | None) -> dict:
+    """The audit's length bias from the ledger without the simulator's `length` fields: what a
+    real run's ledger supports, where a dropped group counts only its generated tokens."""
+    ledger = run_dir / "ledger.jsonl"
+    events = [json.loads(line) for line in ledger.read_text().splitlines()]
+    ledger.write_text("".join(json.dumps({k: v for k, v in e.items() if k != "length"}) + "\n" for e in events))
+    return audit(run_dir, eta).length_bias
 
 
 def median_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict]:
@@ -87,12 +113,47 @@ def median_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict]:
     for key, rs in cells.items():
         m = dict(rs[0])
         for f in ("groups_per_hour", "steady_gph", "trainer_busy", "generator_busy", "stale_drops", "end_of_run",
-                  "tokens_wasted", "mean_staleness"):
-            m[f] = statistics.median(r[f] for r in rs)
+                  "tokens_wasted", "mean_staleness", "length_ks", "length_ratio", "length_ks_estimate"):
+            values = [r[f] for r in rs if r[f] is not None]
+            m[f] = statistics.median(values) if values else None
         m["max_staleness"] = max(r["max_staleness"] for r in rs)
         m["deadlock"] = any(r["deadlock"] for r in rs)
         out[key] = m
     return out
+
+
+def length_bias_table(med: dict[tuple, dict], etas: list[int]) -> list[str]:
+    lines = ["\n## Length bias: trained vs admitted group lengths (docs/design.md §8.2)\n",
+             "KS: two-sample Kolmogorov–Smirnov statistic of per-group completion lengths, admitted vs "
+             "trained (0 = the same distribution); ratio: mean trained ÷ mean admitted length. From the "
+             "workload's true lengths; the estimate column is the audit's from generated tokens alone "
+             "(a real run's ledger). Medians over seeds; drops exclude end-of-run leftovers.\n",
+             "| scenario | η | policy | stale drops | end-of-run | KS | mean length ratio | KS estimate (real-run ledger) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for sc in LENGTH_BIAS_SCENARIOS:
+        for eta in etas:
+            for p in LENGTH_BIAS_POLICIES:
+                m = med[(sc, p, eta, "")]
+                lines.append(f"| {sc} | {eta} | {p} | {m['stale_drops']:.0f} | {m['end_of_run']:.0f} | "
+                             f"{m['length_ks']:.3f} | {m['length_ratio']:.3f} | {m['length_ks_estimate']:.3f} |")
+    return lines
+
+
+def length_bias_only(args: argparse.Namespace) -> int:
+    jobs = [(sc, p, eta, s, args.steps, ()) for sc in LENGTH_BIAS_SCENARIOS for p in LENGTH_BIAS_POLICIES
+            for eta in args.etas for s in range(args.seeds)]
+    t0 = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        rows = list(pool.map(run_one, jobs, chunksize=2))
+    wall = time.perf_counter() - t0
+    med = median_rows(rows, ("scenario", "policy", "eta", "extra"))
+    head = f"# Length bias ({args.seeds} seeds, {args.steps} steps, medians; {len(rows)} runs in {wall:.0f} s)\n"
+    text = "\n".join([head, *length_bias_table(med, args.etas)[1:]]) + "\n"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "length_bias.md").write_text(text)
+    print(text)
+    return 0
 
 
 def main() -> int:
@@ -103,8 +164,11 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
     ap.add_argument("--policies", nargs="+", default=None)
+    ap.add_argument("--length-bias-only", action="store_true", help="run only the length-bias table")
     args = ap.parse_args()
     policy_class("lookahead")  # registers every policy
+    if args.length_bias_only:
+        return length_bias_only(args)
     policies = args.policies or ["lookahead", *sorted(p for p in POLICIES if p != "lookahead")]
     seeds = range(args.seeds)
     jobs = [(sc, p, eta, s, args.steps, ()) for sc in SCENARIOS for p in policies for eta in args.etas for s in seeds]
@@ -179,6 +243,8 @@ def main() -> int:
             st = [c["steady_gph"] for c in cells]
             lines.append(f"| {sc} | {eta} | {v[0]:.0f} | {v[1]:.0f} | {v[2]:.0f} | {v[0] / max(v[1:]):.3f} "
                          f"| {st[0] / max(st[1:]):.3f} |")
+    if all(p in policies for p in LENGTH_BIAS_POLICIES):
+        lines += length_bias_table(med, args.etas)
     text = "\n".join(lines) + "\n"
     (out / "planner.md").write_text(text)
     print(text)

@@ -266,7 +266,7 @@ class TrainJob:
                 extra["hf_dir"] = str(self.export_hf())
             report = audit(self.run_dir, run.max_staleness)
             extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
-                         groups_trained_twice=len(report.trained_twice))
+                         groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
         out = summary(result.stats, policy=self.setup.policy_name, max_staleness=run.max_staleness,
                       elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,
                       generator_busy_s=result.generator_busy_s, extra=extra)

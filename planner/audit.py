@@ -1,13 +1,15 @@
 """Independent audit of a run: recompute every staleness claim from `ledger.jsonl` alone.
 
-    python -m planner.audit RUN_DIR [--max-staleness η] [--json]
+    python -m planner.audit RUN_DIR [--max-staleness η] [--max-length-bias X] [--json]
 
 It trusts nothing the run computed: staleness comes from the `train` events (train step −
 token version), losses from admits that never reach a `train` or `drop`. Exit status 1 when a
 trained token is staler than η, a group is lost, a group is trained twice (or trained after a
 drop), a token's version is older than its group's admission version or newer than the step
-that trained it, or the ledger is malformed. η defaults to `max_staleness` in the run's
-summary.json; with neither, only the structural checks apply.
+that trained it, the ledger is malformed, empty, or stops short of the run's metrics.jsonl /
+summary.json, or (with --max-length-bias) the length-bias KS statistic exceeds X. η defaults to
+`max_staleness` in the run's summary.json; with neither, only the structural checks apply.
+docs/design.md §8.2 lists the rules; tests/planner/test_audit.py holds a failing ledger for each.
 """
 
 from __future__ import annotations
@@ -18,13 +20,17 @@ import sys
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
+from planner.driver import METRICS_FILE, SUMMARY_FILE
 from planner.ledger import LEDGER_FILE, LedgerError, read_ledger
+from planner.length_bias import length_bias
 
 
 @dataclass
 class AuditReport:
     max_staleness: int | None
+    max_length_bias: float | None = None  # the KS statistic above which the audit fails; None: not checked
     steps: int = 0
     groups_admitted: int = 0
     groups_trained: int = 0
@@ -41,10 +47,16 @@ class AuditReport:
     trained_twice: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)  # structural: unknown uid, future token, ...
     drops_by_reason: dict[str, int] = field(default_factory=dict)
+    length_bias: dict[str, float | None] = field(default_factory=lambda: length_bias([], []))
+
+    @property
+    def length_bias_exceeded(self) -> bool:
+        ks = self.length_bias["ks"]
+        return self.max_length_bias is not None and ks is not None and ks > self.max_length_bias
 
     @property
     def ok(self) -> bool:
-        return not (self.violations or self.lost or self.trained_twice or self.errors)
+        return not (self.violations or self.lost or self.trained_twice or self.errors or self.length_bias_exceeded)
 
     def verdict(self) -> str:
         eta = "unbounded" if self.max_staleness is None else f"η={self.max_staleness}"
@@ -54,35 +66,45 @@ class AuditReport:
             f"max staleness {self.max_token_staleness} ({eta}), {self.violations} violations, "
             f"{self.groups_dropped} dropped, {len(self.lost)} lost, {len(self.trained_twice)} trained twice"
         )
+        ks, ratio = self.length_bias["ks"], self.length_bias["mean_length_ratio"]
+        if ks is not None:
+            text += f", length bias KS {ks:.3f} (trained/admitted mean length {ratio:.3f})"
+            if self.length_bias_exceeded:
+                text += f" > {self.max_length_bias}"
         if self.errors:
             text += f"; {len(self.errors)} ledger errors, first: {self.errors[0]}"
         return text
 
 
-def audit(run_dir: str | Path, max_staleness: int | None = None) -> AuditReport:
+def audit(run_dir: str | Path, max_staleness: int | None = None, *,
+          max_length_bias: float | None = None) -> AuditReport:
     """Recompute the run's staleness facts from its ledger. Raises LedgerError / FileNotFoundError."""
     run_dir = Path(run_dir)
     ledger = run_dir / LEDGER_FILE if run_dir.is_dir() else run_dir
     if not ledger.exists():
         raise FileNotFoundError(f"{ledger}: no ledger (expected {LEDGER_FILE} in the run directory)")
+    summary = _read_summary(ledger.parent / SUMMARY_FILE)
     if max_staleness is None:
-        summary = ledger.parent / "summary.json"
-        if summary.exists():
-            max_staleness = json.loads(summary.read_text()).get("max_staleness")
-    report = AuditReport(max_staleness=max_staleness)
-    admitted: dict[int, int] = {}  # uid -> admission version (open groups)
+        max_staleness = summary.get("max_staleness")
+    report = AuditReport(max_staleness=max_staleness, max_length_bias=max_length_bias)
+    admitted: dict[int, int] = {}  # uid -> latest admission version (open groups)
     closed: dict[int, str] = {}  # uid -> "trained" | "dropped"
+    lengths: dict[int, int] = {}  # uid -> completion length (trained tokens; a drop's length/tokens)
+    trained_lengths: list[int] = []
     hist: Counter[int] = Counter()
     steps_seen: set[int] = set()
+    events = 0
 
     for ev in read_ledger(ledger):
         kind, line = ev["event"], ev["_line"]
+        events += 1
         try:
             if kind == "admit":
                 uid = int(ev["uid"])
                 if uid in closed:
                     report.errors.append(f"line {line}: uid {uid} admitted after it was {closed[uid]}")
-                elif uid in admitted:
+                    continue  # the error is the finding; the group stays closed
+                if uid in admitted:
                     report.readmissions += 1
                 else:
                     report.groups_admitted += 1
@@ -91,6 +113,9 @@ def audit(run_dir: str | Path, max_staleness: int | None = None) -> AuditReport:
                 step = int(ev["step"])
                 if step in steps_seen:
                     report.errors.append(f"line {line}: step {step} trained twice")
+                elif step != len(steps_seen):
+                    report.errors.append(f"line {line}: step {step} follows {len(steps_seen)} trained steps "
+                                         f"(steps run 0, 1, 2, ... without a gap)")
                 steps_seen.add(step)
                 for grp in ev["groups"]:
                     uid = int(grp["uid"])
@@ -103,18 +128,23 @@ def audit(run_dir: str | Path, max_staleness: int | None = None) -> AuditReport:
                     a = admitted.pop(uid)
                     closed[uid] = "trained"
                     report.groups_trained += 1
-                    worst = 0
+                    worst = total = 0
                     for v, tokens in grp["versions"]:
                         v, tokens = int(v), int(tokens)
+                        if tokens < 0:
+                            report.errors.append(f"line {line}: uid {uid} has {tokens} tokens of version {v} (< 0)")
                         if v > step:
                             report.errors.append(f"line {line}: uid {uid} has tokens of version {v} > step {step}")
                         if v < a:
                             report.errors.append(f"line {line}: uid {uid} has tokens of version {v} < admission {a}")
                         s = step - v
                         hist[s] += tokens
-                        report.tokens_trained += tokens
+                        total += tokens
                         if tokens:
                             worst = max(worst, s)
+                    report.tokens_trained += total
+                    lengths[uid] = total
+                    trained_lengths.append(total)
                     if max_staleness is not None and worst > max_staleness:
                         report.violations += 1
             elif kind == "drop":
@@ -125,7 +155,11 @@ def audit(run_dir: str | Path, max_staleness: int | None = None) -> AuditReport:
                 admitted.pop(uid)
                 closed[uid] = "dropped"
                 report.groups_dropped += 1
-                report.tokens_wasted += int(ev.get("tokens", 0))
+                tokens = int(ev.get("tokens", 0))
+                report.tokens_wasted += tokens
+                # A drop's completion length: the true length when the driver knows it (the
+                # simulator's `length`), else at least what it generated.
+                lengths[uid] = int(ev["length"]) if ev.get("length") is not None else tokens
                 reason = str(ev.get("reason", ""))
                 report.drops_by_reason[reason] = report.drops_by_reason.get(reason, 0) + 1
             elif kind == "move":
@@ -139,7 +173,11 @@ def audit(run_dir: str | Path, max_staleness: int | None = None) -> AuditReport:
             raise LedgerError(f"{ledger}:{line}: bad '{kind}' event ({type(e).__name__}: {e})") from None
 
     report.lost = sorted(admitted)
+    for uid in report.lost:  # not trained: like a drop that generated nothing the ledger knows of
+        lengths[uid] = 0
     report.steps = len(steps_seen)
+    report.errors += _completeness(ledger, events, steps_seen, summary)
+    report.length_bias = length_bias(list(lengths.values()), trained_lengths)
     report.staleness_histogram = {str(s): hist[s] for s in sorted(hist)}
     if report.tokens_trained:
         report.max_token_staleness = max(s for s, t in hist.items() if t)
@@ -147,18 +185,75 @@ def audit(run_dir: str | Path, max_staleness: int | None = None) -> AuditReport:
     return report
 
 
+def _read_summary(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise LedgerError(f"{path}: not valid JSON ({e.msg}, line {e.lineno})") from None
+    if not isinstance(obj, dict):
+        raise LedgerError(f"{path}: expected a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _metrics_steps(path: Path) -> tuple[set[int], list[str]]:
+    """The `step` of every record of metrics.jsonl, and an error per unreadable line."""
+    steps: set[int] = set()
+    errors: list[str] = []
+    if not path.exists():
+        return steps, errors
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                steps.add(int(json.loads(line)["step"]))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+                errors.append(f"{path}:{lineno}: unreadable metrics record ({type(e).__name__}: {e})")
+    return steps, errors
+
+
+def _completeness(ledger: Path, events: int, trained: set[int], summary: dict[str, Any]) -> list[str]:
+    """A ledger proves only what it holds: an empty one, or one whose trained steps stop short of
+    what metrics.jsonl and summary.json say was trained (a crash lost its tail), fails."""
+    if not events:
+        return [f"{ledger}: the ledger is empty (no events): nothing proves what the run trained"]
+    metrics = ledger.parent / METRICS_FILE
+    metric_steps, errors = _metrics_steps(metrics)
+    claimed = summary.get("steps")
+    claimed = claimed if isinstance(claimed, int) and not isinstance(claimed, bool) else 0
+    if not trained and (metric_steps or claimed > 0):
+        said = max(len(metric_steps), claimed)
+        return errors + [f"{ledger}: no train event, but {METRICS_FILE} / {SUMMARY_FILE} say {said} steps were trained"]
+    missing = sorted(metric_steps - trained)
+    if missing:
+        shown = ", ".join(map(str, missing[:5])) + (", ..." if len(missing) > 5 else "")
+        errors.append(f"{ledger}: stops short of {METRICS_FILE}: steps {shown} have a metrics record "
+                      f"and no train event")
+    if claimed > len(trained):
+        errors.append(f"{ledger}: stops short of {SUMMARY_FILE}: it says {claimed} steps, the ledger trains "
+                      f"{len(trained)}")
+    return errors
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planner.audit", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="run directory holding ledger.jsonl (or the ledger file itself)")
     parser.add_argument("--max-staleness", type=int, default=None, help="η to check (default: summary.json's)")
+    parser.add_argument("--max-length-bias", type=float, default=None,
+                        help="fail when the KS statistic of admitted vs trained group lengths exceeds this")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     args = parser.parse_args(argv)
     if args.max_staleness is not None and args.max_staleness < 0:
         print(f"error: --max-staleness={args.max_staleness}: must be >= 0", file=sys.stderr)
         return 2
+    if args.max_length_bias is not None and not 0 <= args.max_length_bias <= 1:
+        print(f"error: --max-length-bias={args.max_length_bias}: must be in [0, 1] (a KS statistic)", file=sys.stderr)
+        return 2
     try:
-        report = audit(args.run_dir, args.max_staleness)
-    except (LedgerError, FileNotFoundError, json.JSONDecodeError) as e:
+        report = audit(args.run_dir, args.max_staleness, max_length_bias=args.max_length_bias)
+    except (LedgerError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     if args.json:

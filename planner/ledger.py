@@ -6,10 +6,13 @@ Every path that trains — simulator or real runtime — writes `ledger.jsonl` t
     {"event": "admit", "uid": U, "version": a, "deadline": d|null}
     {"event": "start", "uid": U, "version": v}                      (extension: engine start)
     {"event": "train", "step": k, "groups": [{"uid": U, "versions": [[v, tokens], ...]}, ...]}
-    {"event": "drop",  "uid": U, "step": k, "reason": "...", "tokens": t}
+    {"event": "drop",  "uid": U, "step": k, "reason": "...", "tokens": t[, "length": l]}
     {"event": "move",  "uid": U, "from": k1, "to": k2}
 
-`tokens` on a drop (an extension) is how many generated tokens the drop wasted. A re-admission
+`tokens` on a drop (an extension) is how many generated tokens the drop wasted. `length` (an
+extension, written by the simulator, which knows the workload's true lengths) is the group's
+whole completion length — what training it would have cost; the audit's length-bias certificate
+prefers it to `tokens`, a lower bound (docs/design.md §8.2). A re-admission
 of an untrained uid (after a worker fault) is a second `admit` line. The audit
 (`planner.audit`) recomputes everything from this file alone.
 """
@@ -56,8 +59,11 @@ class LedgerWriter:
             }
         )
 
-    def drop(self, d: Drop, tokens: int = 0) -> None:
-        self._write({"event": "drop", "uid": d.uid, "step": d.step, "reason": d.reason, "tokens": tokens})
+    def drop(self, d: Drop, tokens: int = 0, length: int | None = None) -> None:
+        event = {"event": "drop", "uid": d.uid, "step": d.step, "reason": d.reason, "tokens": tokens}
+        if length is not None:
+            event["length"] = length
+        self._write(event)
 
     def move(self, m: Move) -> None:
         self._write({"event": "move", "uid": m.uid, "from": m.src, "to": m.dst})

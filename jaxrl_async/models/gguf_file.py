@@ -5,6 +5,10 @@ serves both formats. Tensors are dequantized with the `gguf` package's own `dequ
 cannot dequantize is a ValueError naming the tensor and its type. llama.cpp's converter permutes
 the rows of Llama's q/k projections (interleaved RoPE); `_unpermute` undoes it. To support another
 architecture, add it to `_ARCHS` and its tensor names to `_TENSOR_NAMES`.
+
+A truncated file (an interrupted download) is a one-line ValueError naming the file and what is
+cut: the metadata, or the first tensor whose data runs past the end (`_CheckedReader`); the
+`gguf` reader alone fails inside numpy (an IndexError or a reshape error naming no tensor).
 """
 
 from __future__ import annotations
@@ -39,6 +43,51 @@ _TOP_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+
+
+class _CheckedReader(gguf.GGUFReader):
+    """`gguf.GGUFReader` that checks each read against the file's size before numpy sees it.
+
+    It hooks the reader's two internal steps that touch the file's bytes: `_get` (every header
+    read) and `_build_tensors` (the tensor data views, laid out from the parsed tensor infos).
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self._path = Path(path)
+        try:
+            super().__init__(str(path))
+        except GGUFTruncated:
+            raise
+        except ValueError as e:  # the reader's own checks (magic, version, alignment) name no file
+            raise ValueError(f"{path}: not a readable GGUF file ({e})") from None
+
+    def _get(self, offset: int, dtype: Any, count: int = 1, override_order: Any = None) -> Any:
+        end = int(offset) + np.dtype(dtype).itemsize * int(count)
+        if end > len(self.data):
+            raise GGUFTruncated(f"{self._path}: truncated GGUF file: its metadata runs past the end "
+                                f"(needs byte {end}, the file has {len(self.data)})")
+        return super()._get(offset, dtype, count, override_order)
+
+    def _build_tensors(self, start_offs: int, fields: list) -> None:
+        size = len(self.data)
+        cut = []  # (data offset, end, name) of every tensor whose data runs past the end
+        for field in fields:
+            _, name, _, dims, raw_dtype, offset = field.parts
+            block, type_size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(int(raw_dtype[0]))]
+            begin = int(start_offs) + int(offset[0])
+            end = begin + int(np.prod(dims, dtype=np.int64)) * type_size // block
+            if end > size:
+                cut.append((begin, end, bytes(name).decode("utf-8", "replace")))
+        if cut:
+            _, end, name = min(cut)  # the first one in the file
+            more = f"; {len(cut) - 1} tensors after it are cut too" if len(cut) > 1 else ""
+            raise GGUFTruncated(f"{self._path}: truncated GGUF file: tensor {name} runs past the end "
+                                f"(needs byte {end}, the file has {size}{more})")
+        super()._build_tensors(start_offs, fields)
+
+
+class GGUFTruncated(ValueError):
+    """A GGUF file that ends before its metadata or a tensor does; the message names which."""
 
 
 def read_fields(reader: gguf.GGUFReader) -> dict[str, Any]:
@@ -105,7 +154,7 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
 
 def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray], dict[str, Any]]:
     """(HF config dict, HF-named float32 tensors, metadata fields) of a GGUF file."""
-    reader = gguf.GGUFReader(str(path))
+    reader = _CheckedReader(path)
     fields = read_fields(reader)
     config = hf_config(fields, {t.name for t in reader.tensors})
     tensors = {}

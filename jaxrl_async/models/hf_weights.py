@@ -4,7 +4,8 @@ One table (`_PARAMS`) says, for every parameter, its HF name and how its layout 
 linear weights are `[out, in]`; ours are `[in, heads, head_dim]`-style einsum operands, stacked
 over layers). Loading checks every tensor — missing, unexpected, wrong shape — before anything is
 written into the model; saving (`to_hf_state_dict`, `save_hf`) is the same table run backwards,
-and is what the vLLM weight push streams.
+and is what the vLLM weight push streams. A truncated or corrupt .safetensors file is a one-line
+ValueError naming the file.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxrl_async.models.config import ModelConfig
@@ -162,9 +163,13 @@ def read_safetensors(directory: str | Path) -> dict[str, np.ndarray]:
         raise ValueError(f"no *.safetensors in {directory}")
     tensors = {}
     for file in files:
-        with safe_open(str(directory / file), framework="numpy") as f:
-            for name in f.keys():
-                tensors[name] = f.get_tensor(name)
+        path = directory / file
+        try:  # a truncated or corrupt file fails in the Rust reader with a message naming no file
+            with safe_open(str(path), framework="numpy") as f:
+                for name in f.keys():
+                    tensors[name] = f.get_tensor(name)
+        except SafetensorError as e:
+            raise ValueError(f"{path}: not a readable safetensors file, truncated or corrupt ({e})") from None
     return tensors
 
 

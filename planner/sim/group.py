@@ -53,6 +53,11 @@ class SimGroup:
         return sum(r if r < d else d for r in self.rem)
 
     @property
+    def total_length(self) -> int:
+        """Response tokens of the whole group once generated: the workload's true length."""
+        return int(sum(self.lengths))
+
+    @property
     def generated(self) -> int:
         return sum(self.versions.values())
 

@@ -4,7 +4,9 @@ Both files have the runtime's keys, built by `planner.driver`, so `planner.plots
 reads either driver's runs:
 
 - `summary.json`: `driver.summary` — the docs/design.md §8 keys (`driver.SUMMARY_KEYS`) first, then the
-  simulator's extensions (`trajectories_trained`, `drops_by_reason`, and the engine's). Staleness
+  simulator's extensions (`trajectories_trained`, `drops_by_reason`, `length_bias`, and the
+  engine's). `length_bias` compares the workload's true lengths of every admitted group with the
+  trained groups' (`planner.length_bias`): the truth the audit estimates from the ledger. Staleness
   counts only what was trained: each trained token has staleness `train step − its version`, and
   the histogram counts tokens.
 - `metrics.jsonl`: one `driver.step_record` per trainer step (`reward_mean` and `loss` are null:
@@ -21,6 +23,7 @@ from typing import Any
 
 from planner import driver
 from planner.driver import METRICS_FILE, SUMMARY_FILE
+from planner.length_bias import length_bias
 
 
 class RunMetrics:
@@ -33,12 +36,19 @@ class RunMetrics:
         self.trajectories_trained = 0
         self.drops: Counter[str] = Counter()
         self.steps: list[dict[str, Any]] = []
+        self.admitted_lengths: list[int] = []  # true completion length of every admitted group
+        self.trained_lengths: list[int] = []  # trained tokens of every trained group
+
+    def admit(self, length: int) -> None:
+        """A first admission of a group whose completion will be `length` tokens."""
+        self.admitted_lengths.append(length)
 
     def train(self, step: int, batch: Sequence[tuple[int, Sequence[tuple[int, int]], int]]) -> dict[int, int]:
         """batch: (uid, versions, trajectories). Returns the batch's trained tokens by staleness."""
         hist: dict[int, int] = {}
         for _, versions, trajectories in batch:
             self.trajectories_trained += trajectories
+            self.trained_lengths.append(sum(t for _, t in versions))
             driver.add_staleness(hist, step, versions)
         for s, t in hist.items():
             self.histogram[s] = self.histogram.get(s, 0) + t
@@ -69,7 +79,8 @@ class RunMetrics:
             tokens_wasted=self.tokens_wasted, staleness=self.histogram, elapsed_s=elapsed_s,
             trainer_busy_s=trainer_busy_s, generator_busy_s=sum(generator_busy_s) / len(generator_busy_s),
             extensions={"trajectories_trained": self.trajectories_trained,
-                        "drops_by_reason": dict(sorted(self.drops.items())), **extras},
+                        "drops_by_reason": dict(sorted(self.drops.items())),
+                        "length_bias": length_bias(self.admitted_lengths, self.trained_lengths), **extras},
         )
 
 

@@ -50,7 +50,7 @@ class NullLedger:
     def admit(self, a: Admission) -> None: ...
     def start(self, uid: int, version: int) -> None: ...
     def train(self, step: int, groups: Any) -> None: ...
-    def drop(self, d: Drop, tokens: int = 0) -> None: ...
+    def drop(self, d: Drop, tokens: int = 0, length: int | None = None) -> None: ...
     def moves(self, moves: Any) -> None: ...
     def flush(self) -> None: ...
 
@@ -171,6 +171,7 @@ class Simulator:
             g = SimGroup(a.uid, c.prompt_id, prompt_tokens, lengths)
             self.groups[a.uid] = g
             self.admitted += 1
+            self.metrics.admit(g.total_length)
         else:  # a lost group
             g = self.lost.pop(a.uid)
             self.readmissions += 1
@@ -191,7 +192,7 @@ class Simulator:
         tokens = g.generated
         g.state = GState.DROPPED
         del self.groups[d.uid]
-        self.ledger.drop(d, tokens)
+        self.ledger.drop(d, tokens, length=g.total_length)
         self.metrics.drop(d.reason, tokens)
         self._changed = self._ask = True
 

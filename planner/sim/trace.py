@@ -13,6 +13,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+# Far above any context window, and small enough that a group's or a batch's token sums stay
+# exact in the simulator's int64 arrays (a length of 10^20 does not fit one at all).
+MAX_TOKENS = 2**31 - 1
+
 
 @dataclass(frozen=True, slots=True)
 class TraceGroup:
@@ -30,6 +34,8 @@ def _int_list(value: object, where: str, name: str) -> tuple[int, ...]:
             raise ValueError(f"{where}: '{name}' holds {x!r}: must be integers")
         if x < 0:
             raise ValueError(f"{where}: '{name}' holds {x}: lengths must be >= 0")
+        if x > MAX_TOKENS:
+            raise ValueError(f"{where}: '{name}' holds {x}: lengths must be <= {MAX_TOKENS}")
         out.append(x)
     return tuple(out)
 
@@ -46,8 +52,9 @@ def parse_trace_line(line: str, where: str) -> TraceGroup:
     if "prompt_id" not in obj:
         raise ValueError(f"{where}: missing field 'prompt_id'")
     prompt_tokens = obj.get("prompt_tokens")
-    if prompt_tokens is not None and (isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 0):
-        raise ValueError(f"{where}: 'prompt_tokens'={prompt_tokens!r}: must be an integer >= 0")
+    if prompt_tokens is not None and (isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int)
+                                      or not 0 <= prompt_tokens <= MAX_TOKENS):
+        raise ValueError(f"{where}: 'prompt_tokens'={prompt_tokens!r}: must be an integer in [0, {MAX_TOKENS}]")
     return TraceGroup(obj["prompt_id"], _int_list(obj["lengths"], where, "lengths"), prompt_tokens)
 
 

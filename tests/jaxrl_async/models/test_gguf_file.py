@@ -125,3 +125,52 @@ def test_unsupported_gguf_quantization_and_architecture_are_named(source, tmp_pa
     w.close()
     with pytest.raises(ValueError, match="unsupported GGUF architecture general.architecture='gpt2'"):
         load_model(str(tmp_path / "gpt2.gguf"))
+
+
+@pytest.fixture(scope="module")
+def gguf_file(source, tmp_path_factory):
+    cfg, tensors = source
+    path = tmp_path_factory.mktemp("gguf") / "m.gguf"
+    _write_gguf(path, cfg, tensors)
+    return path
+
+
+def _cut(path, tmp_path, size):
+    out = tmp_path / "cut.gguf"
+    out.write_bytes(path.read_bytes()[:size])
+    return out
+
+
+@pytest.mark.parametrize("which", [0, 5, -1])
+def test_a_gguf_cut_inside_a_tensor_names_the_file_and_that_tensor(gguf_file, tmp_path, which):
+    by_offset = sorted(gguf.GGUFReader(str(gguf_file)).tensors, key=lambda t: t.data_offset)
+    t = by_offset[which]
+    cut = _cut(gguf_file, tmp_path, int(t.data_offset + t.n_bytes) - 1)  # one byte short of its end
+    later = len(by_offset) - 1 - (which % len(by_offset))
+    with pytest.raises(ValueError) as e:
+        load_model(str(cut))
+    msg = str(e.value)
+    assert msg.startswith(f"{cut}: truncated GGUF file: tensor {t.name} runs past the end") and "\n" not in msg
+    assert (f"; {later} tensors after it are cut too" in msg) == (later > 0), msg
+
+
+def test_a_gguf_cut_one_byte_after_its_last_tensor_is_whole_and_loads(gguf_file, tmp_path):
+    last = max(gguf.GGUFReader(str(gguf_file)).tensors, key=lambda t: t.data_offset)
+    assert load_model(str(_cut(gguf_file, tmp_path, int(last.data_offset + last.n_bytes)))).model is not None
+
+
+@pytest.mark.parametrize("size", [3, 30, 200])
+def test_a_gguf_cut_inside_its_metadata_is_one_line_naming_the_file(gguf_file, tmp_path, size):
+    cut = _cut(gguf_file, tmp_path, size)
+    with pytest.raises(ValueError) as e:
+        load_model(str(cut))
+    msg = str(e.value)
+    assert msg.startswith(f"{cut}: truncated GGUF file: its metadata runs past the end") and "\n" not in msg, msg
+
+
+@pytest.mark.parametrize(("data", "reason"), [(b"", "cannot mmap an empty file"), (b"GGML" + bytes(60), "magic")])
+def test_an_empty_file_or_another_format_is_not_a_readable_gguf(tmp_path, data, reason):
+    path = tmp_path / "x.gguf"
+    path.write_bytes(data)
+    with pytest.raises(ValueError, match=rf"^{path}: not a readable GGUF file \(.*{reason}"):
+        load_model(str(path))

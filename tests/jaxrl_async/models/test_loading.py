@@ -123,3 +123,18 @@ def test_hf_state_dict_is_the_same_from_a_model_its_state_or_a_pure_dict():
     for name in a:
         np.testing.assert_array_equal(a[name], c[name])
         np.testing.assert_array_equal(a[name], b[name])
+
+
+@pytest.mark.parametrize("keep", [0, 8, 100, 0.5])
+def test_a_truncated_safetensors_file_is_one_line_naming_it(saved, tmp_path, keep):
+    _, _, out = saved
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    for f in out.iterdir():
+        (cut / f.name).write_bytes(f.read_bytes())
+    weights = (out / "model.safetensors").read_bytes()
+    (cut / "model.safetensors").write_bytes(weights[: int(keep * len(weights)) if keep < 1 else keep])
+    with pytest.raises(ValueError) as e:
+        load_model(str(cut))
+    msg = str(e.value)
+    assert msg.startswith(f"{cut / 'model.safetensors'}: not a readable safetensors file") and "\n" not in msg

@@ -52,6 +52,9 @@ def check_learned_and_audited(run_dir, summary, metrics, policy):
     assert summary["audit_ok"] and summary["completed"]
     assert summary["max_token_staleness"] == report.max_token_staleness
     assert summary["staleness_histogram"] == report.staleness_histogram
+    assert summary["length_bias"] == report.length_bias and report.length_bias["ks"] is not None
+    if policy == "lookahead":  # trains every admitted group: nothing to be biased by
+        assert report.length_bias == {"ks": 0.0, "mean_length_ratio": 1.0}
 
 
 def check_contract_files(run_dir, summary, metrics):

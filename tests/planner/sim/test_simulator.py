@@ -144,3 +144,19 @@ def test_the_simulator_runs_tens_of_thousands_of_trajectories_a_second():
                        SimConfig(), seed=0).run()
     rate = result.summary["trajectories_trained"] / (time.perf_counter() - t0)
     assert result.summary["trajectories_trained"] == 25_600 and rate > 10_000, rate
+
+
+@pytest.mark.parametrize("name", ["lookahead", "verl_drop", "trl", "prime_rl", "nemo_windowed"])
+def test_the_summary_length_bias_is_the_audits_and_only_drop_policies_are_biased_to_short(tmp_path, name):
+    ctx = PlanContext(8, 4, 1, 30)
+    result, run_dir = simulate(tmp_path, make_policy(name, ctx), ctx, workload={"name": "heavy_tail"})
+    report = audit(run_dir, 1)
+    assert report.lost == [] and report.length_bias == result.summary["length_bias"]
+    drops = ledger_events(run_dir, "drop")
+    # a drop records the workload's true length, at least what it had generated
+    assert all(e["length"] >= e["tokens"] for e in drops) and any(e["length"] > e["tokens"] for e in drops) == bool(drops)
+    bias = report.length_bias
+    if name == "lookahead":
+        assert not drops and bias == {"ks": 0.0, "mean_length_ratio": 1.0}
+    else:  # heavy tails: the stale groups a baseline drops are the long ones
+        assert len(drops) > 10 and bias["ks"] > 0.1 and bias["mean_length_ratio"] < 0.9, bias
