@@ -17,7 +17,7 @@ def lines(path) -> list[str]:
 
 
 def test_every_event_is_one_compact_json_line_in_the_documented_shape(tmp_path):
-    path = tmp_path / "sub" / LEDGER_FILE  # the run directory is created if missing
+    path = tmp_path / "runs" / "a" / LEDGER_FILE  # the run directory is created, parents too
     with LedgerWriter(path) as w:
         w.admit(Admission(3, "p", 1, 4, priority=4.0, planned_step=2))
         w.admit(Admission(4, "q", 0))

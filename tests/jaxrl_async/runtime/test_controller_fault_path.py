@@ -61,6 +61,7 @@ def test_a_fresh_admission_is_submitted_at_once_with_its_attempts_seed_and_ledge
     request = c._commands[0][1]
     assert request.sampling.seed == sampling_seed(0, uid, 0) and request.sampling.n == 2
     assert request.prompt_ids == c.groups[uid].prompt.prompt_ids and request.priority == 1.0  # deadline 0 + η
+    assert c.groups[uid].rollout.prompt_id == c.groups[uid].prompt.prompt_id
     assert c.stats.groups_admitted == 1 and c.stats.groups_readmitted == 0 and c.window[0][0].uid != uid
     c.ledger.flush()
     assert read_jsonl(tmp_path / LEDGER_FILE) == [{"event": "admit", "uid": uid, "version": 0, "deadline": 1}]

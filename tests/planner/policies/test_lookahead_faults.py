@@ -35,7 +35,7 @@ def test_a_lost_group_that_started_on_newer_weights_is_readmitted_with_that_star
     assert p.groups[0].deadline == 3 and p.counts == {3: 1}
     p.on_tokens(uid=0, version=1, tokens=4, now=0)
     (re,) = p.on_group_lost(uid=0, prefix_kept=prefix_kept, now=0).admit
-    assert (re.uid, re.version, re.deadline, re.priority) == (0, 1, 3, 3.0)  # the barrier: its first start
+    assert (re.uid, re.prompt_id, re.version, re.deadline, re.priority) == (0, 0, 1, 3, 3.0)  # barrier: first start
     g = p.groups[0]
     assert g.status == Status.QUEUED and g.admit_version == 1 and g.deadline == 3 and p.counts == {3: 1}
     assert p.inflight == 1 and p.admitted_total == 1  # a re-admission is not a new admission
