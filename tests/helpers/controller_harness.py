@@ -154,7 +154,7 @@ def make_controller(run_dir: Path, *, steps: int = 6, batch_groups: int = 2, gro
         run_config_meta={"policy": policy, "batch_groups": batch_groups})
 
 
-def run(controller: Controller, timeout_s: float = 5.0):
+def run(controller: Controller, timeout_s: float = 30.0):
     """`controller.run()` to its end (or stop) on a fresh event loop; a hang fails the test."""
     async def main():
         return await asyncio.wait_for(controller.run(), timeout_s)
