@@ -141,7 +141,8 @@ def make_controller(run_dir: Path, *, steps: int = 6, batch_groups: int = 2, gro
                     checkpointer: MemoryCheckpointer | None = None, resuming: bool = False) -> Controller:
     """A controller over `run_dir` (ledger.jsonl and metrics.jsonl there) with the doubles above."""
     cfg = RunConfig(max_staleness=max_staleness, batch_groups=batch_groups, group_size=group_size, steps=steps,
-                    max_new_tokens=4, seed=0, export_hf=False, progress="off", tensorboard=False)
+                    max_new_tokens=4, seed=0, temperature=0.9, top_p=0.95, export_hf=False, progress="off",
+                    tensorboard=False)
     tokenizer = tiny_tokenizer()
     task = build_task({"name": "repeat_letter", "num_prompts": 16})
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -150,7 +151,7 @@ def make_controller(run_dir: Path, *, steps: int = 6, batch_groups: int = 2, gro
         engine=engine or ScriptedEngine(), trainer=InstantTrainer(), task=task, tokenizer=tokenizer,
         stream=task.make_stream(tokenizer, None, seed=0), run_dir=run_dir,
         ledger=LedgerWriter(run_dir / LEDGER_FILE, append=resuming, buffer_lines=256),
-        sinks=[JsonlSink(run_dir / METRICS_FILE, append=resuming)], checkpointer=checkpointer,
+        sinks=[JsonlSink(run_dir / METRICS_FILE, append=resuming)], checkpointer=checkpointer, stop_token_ids=(0,),
         run_config_meta={"policy": policy, "batch_groups": batch_groups})
 
 

@@ -19,7 +19,7 @@ import pytest
 from jaxrl_async.checkpoint import truncate
 from jaxrl_async.runtime.controller import DONE, GENERATING, sampling_seed
 from jaxrl_async.runtime.metrics import METRICS_FILE
-from jaxrl_async.runtime.state import to_json
+from jaxrl_async.runtime.state import from_json, to_json
 from planner.audit import audit
 from planner.ledger import LEDGER_FILE
 from planner.types import Admission, Decision, Drop
@@ -60,6 +60,8 @@ def test_a_fresh_admission_is_submitted_at_once_with_its_attempts_seed_and_ledge
     assert submits(c) == [f"{uid}.0"] and aborts(c) == [] and c._held == []
     request = c._commands[0][1]
     assert request.sampling.seed == sampling_seed(0, uid, 0) and request.sampling.n == 2
+    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.max_new_tokens,
+            request.sampling.stop_token_ids) == (0.9, 0.95, 4, (0,))  # the run's sampling settings
     assert request.prompt_ids == c.groups[uid].prompt.prompt_ids and request.priority == 1.0  # deadline 0 + η
     assert c.groups[uid].rollout.prompt_id == c.groups[uid].prompt.prompt_id
     assert c.stats.groups_admitted == 1 and c.stats.groups_readmitted == 0 and c.window[0][0].uid != uid
@@ -75,8 +77,11 @@ def test_a_regenerated_group_started_on_newer_weights_waits_for_them_then_is_sub
     c._commands.clear()
     # A worker already on v1 started it (a Ray worker synced before the others; the engine here: v0).
     c._apply(c.policy.on_group_started(uid=uid, version=1, now=0.0), "on_group_started")
+    c._apply(c.policy.on_tokens(uid=uid, version=1, tokens=3, now=0.0), "on_tokens")
     c._regenerate(uid)
     assert aborts(c) == [f"{uid}.0"] and submits(c) == []  # the old attempt aborted, the new one held
+    g = c.policy.groups[uid]
+    assert g.versions == {} and g.start_version is None  # regenerated from scratch, not resumed
     assert [(v, r.request_id) for v, r in c._held] == [(1, f"{uid}.1")]
     assert c._held[0][1].sampling.seed == sampling_seed(0, uid, 1)
     assert c.stats.groups_readmitted == 1 and c.stats.groups_admitted == 1 and uid not in c._lost
@@ -115,6 +120,7 @@ def test_a_held_request_whose_group_was_dropped_meanwhile_is_never_submitted(tmp
     for uid, barrier in ((first, 2), (second, 1)):
         c._lost.add(uid)
         c.admit_group(Admission(uid, c.groups[uid].prompt.prompt_id, version=barrier, deadline=barrier + 1))
+    assert c.stats.groups_admitted == 2 and c.stats.groups_readmitted == 2
     c.drop_group(Drop(first, 0, "test"))
     c._commands.clear()
     c.version = 2
@@ -178,6 +184,14 @@ def test_a_policy_that_neither_readmits_nor_drops_a_lost_group_stops_the_run_nam
         run(c)
 
 
+def test_a_policy_whose_fault_decision_is_invalid_is_named_with_the_call_that_returned_it(tmp_path):
+    c = make_controller(tmp_path)
+    uid = admit_first_candidate(c)
+    c.policy.on_group_lost = lambda uid, **kw: Decision(train=[uid])
+    with pytest.raises(ValueError, match="policy lookahead: on_group_lost returned a batch; only select_batch may"):
+        c._regenerate(uid)
+
+
 def test_a_policy_may_drop_a_lost_group_instead(tmp_path):
     c = make_controller(tmp_path)
     uid = admit_first_candidate(c)
@@ -238,6 +252,8 @@ def test_a_stopped_run_resumes_regenerating_exactly_its_in_flight_groups_and_tra
     assert in_flight | done_at_stop == set(range(4, 4 + len(phases)))  # every admitted, untrained group
     assert meta["ledger_bytes"] == (cut / LEDGER_FILE).stat().st_size > 0  # flushed before it was measured
     assert meta["metrics_bytes"] == (cut / METRICS_FILE).stat().st_size > 0
+    assert meta["run"] == {"policy": "lookahead", "batch_groups": 2}  # what a resume must match
+    assert meta["stats"]["elapsed_s"] > 0 and meta["stats"]["generator_busy_s"] > 0  # this segment's time counted
     saved_versions = {g["rollout"]["uid"]: g["rollout"]["samples"] for g in meta["groups"]}
 
     second, engine = resume(cut, meta)
@@ -298,6 +314,7 @@ def test_a_snapshot_shares_nothing_the_run_goes_on_changing(tmp_path):
     before = json.dumps(to_json(snap))
     c.groups[uid].rollout.samples[0].token_ids.append(8)
     c.stats.groups_trained += 5
+    c.stats.add_batch({0: 3})  # the histogram is a dict inside the stats
     c.policy.step += 1
     c.window.clear()
     assert json.dumps(to_json(snap)) == before
@@ -326,3 +343,16 @@ def test_a_stop_requested_while_the_trainer_waits_saves_at_once(tmp_path):
     result = asyncio.run(main())
     assert result.steps_done == 0 and not result.completed
     assert [s for s, _, _ in ckpt.saves] == [0] and len(ckpt.latest_meta["groups"]) == 4
+
+
+def test_a_restored_controller_shares_nothing_with_the_snapshot_it_came_from(tmp_path):
+    _, ckpt, _ = stopped_run(tmp_path)
+    snap = from_json(ckpt.latest_meta)
+    before = json.dumps(to_json(snap))
+    c = make_controller(tmp_path / "fresh")
+    c.restore(snap)
+    for g in c.groups.values():
+        g.rollout.samples[0].token_ids.append(9)
+    c.stats.add_batch({1: 4})
+    c.stats.groups_trained += 1
+    assert json.dumps(to_json(snap)) == before
