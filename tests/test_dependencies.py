@@ -62,6 +62,7 @@ NOT_INSTALLED_HERE = {
 USED_WITHOUT_IMPORT = {
     "pytest-xdist": "pytest loads it for `-n 2` (the README's test command)",
     "hydra-submitit-launcher": "Hydra loads it for hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml)",
+    "mutmut": "benchmarks/mutation.sh runs its command line (the `mutation` extra; not in CI)",
 }
 
 

@@ -1,12 +1,15 @@
-"""Reading and comparing what a generation engine produced, for the engine tests."""
+"""Reading and comparing what a generation engine produced, for the engine tests; an engine wrapper
+that keeps chosen groups in flight."""
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl_async.engines.base import GenerationEngine, join_outputs
+from jaxrl_async.engines.base import GenerationEngine, SampleOutput, join_outputs
 from jaxrl_async.sharding import MESH_AXES
 
 
@@ -38,3 +41,38 @@ def params_of(model) -> dict:
 def mesh_of(devices) -> Mesh:
     """One engine replica's (1, 1, T) mesh over these devices."""
     return Mesh(np.asarray(devices).reshape(1, 1, -1), MESH_AXES)
+
+
+class WithholdingEngine(GenerationEngine):
+    """A real engine whose pieces of the requests `withhold(request_id)` names never reach the
+    reader: those groups stay in flight however fast the engine is, so that a stop or a fault
+    test finds them generating (what a slow or stuck worker looks like to the controller)."""
+
+    def __init__(self, inner: GenerationEngine, withhold: Callable[[str], bool]) -> None:
+        self.inner, self.withhold = inner, withhold
+        self.withheld: set[str] = set()
+
+    async def start(self):
+        await self.inner.start()
+
+    async def stop(self):
+        await self.inner.stop()
+
+    async def submit(self, request):
+        await self.inner.submit(request)
+
+    async def abort(self, request_id):
+        await self.inner.abort(request_id)
+
+    async def update_weights(self, params, version):
+        await self.inner.update_weights(params, version)
+
+    async def stats(self):
+        return await self.inner.stats()
+
+    async def outputs(self) -> AsyncIterator[SampleOutput]:
+        async for out in self.inner.outputs():
+            if self.withhold(out.request_id):
+                self.withheld.add(out.request_id)
+                continue
+            yield out

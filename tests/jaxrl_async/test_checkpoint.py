@@ -3,6 +3,7 @@ repeating or out-aging anything."""
 
 import os
 import signal
+from collections import Counter
 
 import jax
 import numpy as np
@@ -15,6 +16,7 @@ from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.trainer import Trainer
 from planner.audit import audit
 from planner.configs import build
+from tests.helpers.engines import WithholdingEngine
 from tests.helpers.train_runs import StepProbe, make_job, read_jsonl
 
 
@@ -95,8 +97,14 @@ def test_logs_are_cut_back_to_the_checkpoint(tmp_path):
 def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit(tmp_path):
     steps, stop_after = 10, 3
     common = [f"steps={steps}", "batch_groups=2", "group_size=4", "max_new_tokens=4", "max_staleness=2"]
+    # η = 2, B = 2: groups 8 and 9 are admitted once v2 is synced (after step 1), before the stop.
+    # Their pieces never reach the controller, so they are surely in flight at the stop, however
+    # fast the engine is (otherwise every group may be done by then, and a resume that regenerated
+    # nothing would pass: the counts below would all be zero).
+    stuck = {"8.0", "9.0"}
 
     job = make_job(tmp_path, common)
+    job.controller.engine = WithholdingEngine(job.controller.engine, lambda request_id: request_id in stuck)
 
     def sigterm_after(record):
         if record["step"] == stop_after - 1:
@@ -110,8 +118,9 @@ def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit
     assert sum(e["event"] == "train" for e in ledger) == first["steps"]
     untrained_at_stop = {e["uid"] for e in ledger if e["event"] == "admit"} - {
         g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]}
-    assert untrained_at_stop  # η = 2: groups of later steps were admitted at the stop
     generating_at_stop = {uid for uid, g in job.controller.groups.items() if g.phase != "done"}
+    assert {8, 9} <= generating_at_stop <= untrained_at_stop  # really in flight at the stop
+    assert job.controller.engine.withheld == stuck
 
     resumed = make_job(tmp_path, common + ["resume=true"])
     second = resumed.run()
@@ -121,10 +130,16 @@ def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit
     assert report.steps == steps and report.groups_trained == 2 * steps
     assert not report.trained_twice and not report.lost and report.groups_dropped == 0
     assert report.max_token_staleness <= 2
-    trains = [e["step"] for e in read_jsonl(tmp_path / "ledger.jsonl") if e["event"] == "train"]
+    ledger = read_jsonl(tmp_path / "ledger.jsonl")
+    trains = [e["step"] for e in ledger if e["event"] == "train"]
     assert trains == list(range(steps))
-    # Groups generating at the stop were regenerated (a second `admit`); done ones kept their samples.
-    assert second["groups_readmitted"] == report.readmissions == len(generating_at_stop)
+    # Groups generating at the stop were regenerated (a second `admit`) and trained once; done
+    # ones kept their samples (one `admit`); the run trained uids 0..2·steps−1 exactly once, as an
+    # uninterrupted run does.
+    assert second["groups_readmitted"] == report.readmissions == len(generating_at_stop) >= 2
+    admits = Counter(e["uid"] for e in ledger if e["event"] == "admit")
+    assert admits == Counter({**{u: 1 for u in range(2 * steps)}, **{u: 2 for u in generating_at_stop}})
+    assert Counter(g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]) == Counter(range(2 * steps))
     assert second["groups_admitted"] == 2 * steps
     assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(steps))
     # The run is complete: resuming it again has nothing to train.

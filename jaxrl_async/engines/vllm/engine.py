@@ -33,7 +33,6 @@ vLLM request), LoRA pushes, tensor-parallel engines beyond what vLLM's own args 
 from __future__ import annotations
 
 import asyncio
-import math
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -44,11 +43,11 @@ from typing import Any
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, read_outputs)
 from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api
+from jaxrl_async.engines.vllm.convert import piece_finish, sampling_kwargs, versions_from_spans, vllm_priority
 from jaxrl_async.engines.vllm.weights import WeightChecker, to_torch
 from jaxrl_async.engines.vllm.worker import WeightReceiver
 from jaxrl_async.transports import TRANSPORTS, check_transport_options, make_transport
 from planner.configs import build, check
-from planner.driver import append_run
 from planner.types import check_sync_mode
 
 SYNC_MODES = ("partial", "resubmit", "drain")  # every weight-sync mode (planner/types.py SYNC_MODES)
@@ -213,12 +212,8 @@ class VllmEngine(GenerationEngine):
         self._counter += 1
         seg = _Segment(f"{request.request_id}#{self._counter}", samples, request)
         sp = request.sampling
-        params = SamplingParams(
-            n=len(samples), max_tokens=samples[0].remaining, temperature=sp.temperature, top_p=sp.top_p,
-            top_k=sp.top_k if sp.top_k > 0 else -1,
-            seed=None if sp.seed is None else sp.seed + (samples[0].index if len(samples) == 1 else 0),
-            stop_token_ids=list(sp.stop_token_ids), ignore_eos=True, logprobs=0,
-            output_kind=RequestOutputKind.DELTA, detokenize=False)
+        params = SamplingParams(**sampling_kwargs(sp, len(samples), samples[0].index, samples[0].remaining),
+                                output_kind=RequestOutputKind.DELTA)
         prompt = samples[0].prompt_ids + samples[0].token_ids
         self._segments[seg.vllm_id] = seg
         self._mark_busy()
@@ -230,7 +225,7 @@ class VllmEngine(GenerationEngine):
         logprobs: dict[int, list[float]] = {i: [] for i in range(len(seg.samples))}
         try:
             async for out in self._llm.generate({"prompt_token_ids": prompt}, params, seg.vllm_id,
-                                                priority=int(math.floor(seg.request.priority))):
+                                                priority=vllm_priority(seg.request.priority)):
                 for c in out.outputs:
                     new = list(c.token_ids)
                     tokens[c.index] += new
@@ -249,17 +244,14 @@ class VllmEngine(GenerationEngine):
 
     def _finish_piece(self, seg: _Segment, sample: _SampleProgress, tokens: list[int], logprobs: list[float],
                       reason: str, spans: Any) -> None:
-        versions = _versions_from_spans(spans, len(tokens), self._version)
+        versions = versions_from_spans(spans, len(tokens))
         sample.token_ids += tokens
         sample.remaining -= len(tokens)
         if len(logprobs) != len(tokens):
             raise RuntimeError(f"vLLM returned {len(logprobs)} logprobs for {len(tokens)} tokens "
                                f"(request {seg.vllm_id})")
-        continues = (reason == "abort" and seg.resubmit and sample.request_id not in self._aborted
-                     and sample.remaining > 0)
-        finish = None if continues else ("abort" if reason == "abort" else reason)
-        if finish not in (None, "stop", "length", "abort"):
-            finish = "stop"  # vLLM's other reasons (e.g. "error") end the sample too
+        finish, continues = piece_finish(reason, resubmit=seg.resubmit,
+                                         user_aborted=sample.request_id in self._aborted, remaining=sample.remaining)
         self._out.put_nowait(SampleOutput(
             request_id=sample.request_id, sample_index=sample.index, token_ids=tokens,
             logprobs=logprobs, versions=versions, finish_reason=finish, done=not continues))
@@ -339,21 +331,6 @@ class VllmEngine(GenerationEngine):
         if not self._segments and self._busy_since is not None:
             self._busy_s += time.perf_counter() - self._busy_since
             self._busy_since = None
-
-
-def _versions_from_spans(spans: Any, count: int, current: int) -> list[list[int]]:
-    """vLLM's `WeightVersionSpan`s (version str, start, end) -> run-length [[version, n], ...]."""
-    if not count:
-        return []
-    if not spans:  # no step of this request was labelled (cannot happen after start); be explicit
-        raise RuntimeError(f"vLLM returned {count} tokens without weight-version spans")
-    out: list[list[int]] = []
-    for span in spans:
-        if span.end > span.start:
-            append_run(out, int(span.version), span.end - span.start)
-    if sum(n for _, n in out) != count:
-        raise RuntimeError(f"vLLM version spans cover {sum(n for _, n in out)} tokens, the sample has {count}")
-    return out
 
 
 def make_engine(cfg: Mapping[str, Any] | VllmEngineConfig, loaded_model: Any, version: int = 0) -> VllmEngine:

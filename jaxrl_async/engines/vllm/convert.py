@@ -1,0 +1,67 @@
+"""The vLLM engine's pure conversions, apart from vLLM so that they are tested where it is absent.
+
+`engines/vllm/engine.py` needs vLLM to run, and its tests skip without it (CI runs them in the
+vLLM job only). What it computes from plain values lives here instead, importing nothing of
+vLLM: the sampling settings of one vLLM request, how a vLLM finish reason ends (or continues) a
+sample, and vLLM's weight-version spans as the contract's run-length versions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from planner.driver import append_run
+
+FINISH_REASONS = ("stop", "length", "abort")  # the contract's (engines/base.py FinishReason)
+
+
+def sampling_kwargs(sp: Any, n: int, first_index: int, remaining: int) -> dict[str, Any]:
+    """`vllm.SamplingParams(**...)` (less `output_kind`) of a vLLM request continuing `n` samples.
+
+    `sp` is the request's `SamplingParams`; `first_index` the index of its first sample and
+    `remaining` the tokens that sample may still generate. A resubmitted single sample gets the
+    seed `seed + index`, so samples of one group never share a random stream. vLLM spells "no
+    top-k" -1 (ours 0), and `ignore_eos`: the stop tokens are the request's, nothing else.
+    """
+    return dict(
+        n=n, max_tokens=remaining, temperature=sp.temperature, top_p=sp.top_p,
+        top_k=sp.top_k if sp.top_k > 0 else -1,
+        seed=None if sp.seed is None else sp.seed + (first_index if n == 1 else 0),
+        stop_token_ids=list(sp.stop_token_ids), ignore_eos=True, logprobs=0, detokenize=False)
+
+
+def vllm_priority(priority: float) -> int:
+    """vLLM's integer priority of a request (lower first): the group's deadline, floored."""
+    return int(math.floor(priority))
+
+
+def piece_finish(reason: str, *, resubmit: bool, user_aborted: bool, remaining: int) -> tuple[str | None, bool]:
+    """(finish_reason, continues) of a sample whose vLLM request ended with `reason`.
+
+    A request aborted by a `resubmit` weight update continues (in a new vLLM request) unless the
+    user aborted it too or it has no tokens left; then no finish reason is given. Otherwise the
+    sample ends: vLLM's "stop", "length" and "abort" are the contract's, any other reason (e.g.
+    "error") ends it as "stop".
+    """
+    if reason == "abort" and resubmit and not user_aborted and remaining > 0:
+        return None, True
+    return (reason if reason in FINISH_REASONS else "stop"), False
+
+
+def versions_from_spans(spans: Iterable[Any] | None, count: int) -> list[list[int]]:
+    """vLLM's `WeightVersionSpan`s (`version` str, `start`, `end`) -> run-length [[version, n], ...]
+    covering exactly the sample's `count` new tokens (RuntimeError otherwise: a version is never guessed)."""
+    if not count:
+        return []
+    if not spans:  # no step of this request was labelled (cannot happen after start); be explicit
+        raise RuntimeError(f"vLLM returned {count} tokens without weight-version spans")
+    out: list[list[int]] = []
+    for span in spans:
+        if span.end > span.start:
+            append_run(out, int(span.version), span.end - span.start)
+    covered = sum(n for _, n in out)
+    if covered != count:
+        raise RuntimeError(f"vLLM version spans cover {covered} tokens, the sample has {count}")
+    return out
