@@ -23,7 +23,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WORK="${MUTATION_DIR:-/tmp/jaxrl-mutation}"
 CHILDREN="${MUTATION_CHILDREN:-1}"
 PYTHON="${PYTHON:-python}"
-MUTMUT="$(dirname "$(command -v "$PYTHON")")/mutmut"
+MUTMUT="$(cd "$(dirname "$(command -v "$PYTHON")")" && pwd)/mutmut"  # absolute: each run cds into its copy
 [ -x "$MUTMUT" ] || MUTMUT=mutmut
 
 # module -> file to mutate | mutant-name globs (space separated) | test files (space separated)
