@@ -240,8 +240,8 @@ def _completeness(ledger: Path, events: int, trained: set[int], summary: dict[st
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planner.audit", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="run directory holding ledger.jsonl (or the ledger file itself)")
-    parser.add_argument("--max-staleness", type=int, default=None, help="η to check (default: summary.json's)")
-    parser.add_argument("--max-length-bias", type=float, default=None,
+    parser.add_argument("--max-staleness", type=int, help="η to check (default: summary.json's)")
+    parser.add_argument("--max-length-bias", type=float,
                         help="fail when the KS statistic of admitted vs trained group lengths exceeds this")
     parser.add_argument("--json", action="store_true", help="print the full report as JSON")
     args = parser.parse_args(argv)
