@@ -80,6 +80,37 @@ def test_a_clean_run_passes_and_the_report_counts_every_event(tmp_path):
     assert r.verdict().startswith("audit PASS: 2 steps, 2 groups trained, max staleness 1 (η=1), 0 violations, 1 dropped")
 
 
+def test_the_counters_add_up_every_readmission_move_drop_and_violation(tmp_path):
+    # Each counter sees two or more events, so a counter that is set instead of summed fails.
+    write_ledger(tmp_path, admit(0), admit(1), admit(2), admit(3), admit(4),
+                 admit(1, 0), admit(1, 0),  # two re-admissions of uid 1
+                 {"event": "move", "uid": 0, "from": -1, "to": 0}, {"event": "move", "uid": 1, "from": -1, "to": 1},
+                 {"event": "start", "uid": 0, "version": 0},
+                 train(0, {0: [(0, 4)]}), drop(2, tokens=5), train(1, {}), train(2, {1: [(0, 3), (2, 1)]}),
+                 drop(3, tokens=7, reason="end_of_run"), train(3, {4: [(1, 2)]}), admit(5, 3), drop(5, tokens=11))
+    r = audit(tmp_path, 1)
+    assert (r.groups_admitted, r.readmissions, r.moves, r.groups_trained) == (6, 2, 2, 3)
+    assert (r.groups_dropped, r.tokens_wasted, r.drops_by_reason) == (3, 23, {"stale": 2, "end_of_run": 1})
+    assert (r.violations, r.max_token_staleness, r.tokens_trained) == (2, 2, 10)  # uid 1 (staleness 2), uid 4 (2)
+    assert r.staleness_histogram == {"0": 5, "2": 5} and r.mean_token_staleness == pytest.approx(10 / 10)
+    assert r.verdict() == ("audit FAIL: 4 steps, 3 groups trained, max staleness 2 (η=1), 2 violations, 3 dropped, "
+                           "0 lost, 0 trained twice, length bias KS 0.500 (trained/admitted mean length 0.606)")
+
+
+def test_a_drop_without_tokens_or_reason_wastes_nothing_and_counts_under_an_empty_reason(tmp_path):
+    # Both fields are optional to the audit (ledgers of older runs lack them); the drop still counts.
+    write_ledger(tmp_path, admit(0), admit(1), train(0, {0: [(0, 6)]}), {"event": "drop", "uid": 1, "step": 1})
+    r = audit(tmp_path, 0)
+    assert r.ok and (r.groups_dropped, r.tokens_wasted, r.drops_by_reason) == (1, 0, {"": 1}), r.verdict()
+    assert r.length_bias["mean_length_ratio"] == pytest.approx(6 / 3)  # the drop's length: 0 tokens generated
+
+
+def test_the_audit_takes_the_ledger_file_itself_and_reads_the_summary_next_to_it(tmp_path):
+    write_ledger(tmp_path, *CLEAN, summary={"max_staleness": 0})
+    r = audit(tmp_path / "ledger.jsonl")
+    assert r.max_staleness == 0 and r.violations == 1 and r.steps == 2 and r.errors == [], r.verdict()
+
+
 # ---------------------------------------------------------------- the staleness bound
 
 
@@ -112,6 +143,7 @@ def test_without_eta_only_the_structure_is_checked(tmp_path):
     write_ledger(tmp_path, admit(0), train(0, {}), train(1, {}), train(2, {0: [(0, 5)]}))
     r = audit(tmp_path)
     assert r.ok and r.max_staleness is None and r.max_token_staleness == 2, r.verdict()
+    assert "max staleness 2 (unbounded), 0 violations" in r.verdict()
 
 
 # ---------------------------------------------------------------- groups: lost, twice, unknown
@@ -130,14 +162,17 @@ def test_a_group_trained_in_two_steps_is_trained_twice(tmp_path):
 
 
 def test_a_group_named_twice_in_one_batch_is_trained_twice(tmp_path):
-    write_ledger(tmp_path, admit(0), {"event": "train", "step": 0, "groups": [
-        {"uid": 0, "versions": [[0, 3]]}, {"uid": 0, "versions": [[0, 3]]}]})
+    write_ledger(tmp_path, admit(0), admit(1), {"event": "train", "step": 0, "groups": [
+        {"uid": 0, "versions": [[0, 3]]}, {"uid": 0, "versions": [[0, 3]]}, {"uid": 1, "versions": [[0, 2]]}]})
     r = audit(tmp_path, max_staleness=0)
-    assert r.trained_twice == [0] and not r.ok and r.tokens_trained == 3
+    assert r.trained_twice == [0] and not r.ok and r.tokens_trained == 5
+    assert r.groups_trained == 2 and r.lost == [], "the batch's next group is still trained"
 
 
 def test_a_group_trained_but_never_admitted_is_an_error(tmp_path):
-    only_error(audit(write_ledger(tmp_path, train(0, {7: [(0, 3)]})), 0), "uid 7 trained but never admitted")
+    r = audit(write_ledger(tmp_path, admit(0), train(0, {7: [(0, 3)], 0: [(0, 2)]})), 0)
+    only_error(r, "line 2: uid 7 trained but never admitted")
+    assert r.groups_trained == 1 and r.tokens_trained == 2, "the batch's next group is still trained"
 
 
 def test_a_group_trained_after_its_drop_is_an_error(tmp_path):
@@ -149,9 +184,10 @@ def test_a_group_trained_after_its_drop_is_an_error(tmp_path):
 def test_a_group_admitted_after_it_was_closed_is_an_error(tmp_path, closing):
     close = train(0, {0: [(0, 3)]}) if closing == "trained" else drop(0)
     steps = [] if closing == "trained" else [train(0, {})]
-    r = audit(write_ledger(tmp_path, admit(0), *steps, close, admit(0, 1)), 1)
+    r = audit(write_ledger(tmp_path, admit(0), *steps, close, admit(0, 1), admit(1, 1), train(1, {1: [(1, 2)]})), 1)
     only_error(r, f"uid 0 admitted after it was {closing}")
-    assert r.groups_admitted == 1 and r.readmissions == 0
+    assert r.groups_admitted == 2 and r.readmissions == 0, "the ledger is read past the finding"
+    assert r.groups_trained == (2 if closing == "trained" else 1) and r.steps == 2
 
 
 @pytest.mark.parametrize("case", ["never admitted", "after its training", "twice"])
@@ -159,9 +195,10 @@ def test_a_drop_of_a_group_that_is_not_open_is_an_error(tmp_path, case):
     events = {"never admitted": [train(0, {}), drop(5)],
               "after its training": [admit(5), train(0, {5: [(0, 1)]}), drop(5)],
               "twice": [admit(5), train(0, {}), drop(5), drop(5)]}[case]
-    r = audit(write_ledger(tmp_path, *events), 0)
+    r = audit(write_ledger(tmp_path, *events, admit(6, 1), train(1, {6: [(1, 2)]})), 0)
     only_error(r, "uid 5 dropped but not open")
     assert r.groups_dropped == (1 if case == "twice" else 0)
+    assert r.groups_trained == (2 if case == "after its training" else 1), "the ledger is read past the finding"
 
 
 # ---------------------------------------------------------------- token versions and steps
@@ -254,7 +291,7 @@ def test_a_line_without_an_event_names_the_file_and_line(tmp_path, line):
 )
 def test_a_missing_or_malformed_field_names_the_line_and_the_event(tmp_path, event, kind):
     (tmp_path / "ledger.jsonl").write_text(json.dumps(admit(0)) + "\n" + json.dumps(event) + "\n")
-    with pytest.raises(LedgerError, match=rf"ledger.jsonl:2: bad '{kind}' event"):
+    with pytest.raises(LedgerError, match=rf"ledger.jsonl:2: bad '{kind}' event \((KeyError|TypeError|ValueError): "):
         audit(tmp_path)
 
 
@@ -269,11 +306,11 @@ def test_an_empty_ledger_fails(tmp_path, text):
     assert "FAIL" in r.verdict()
 
 
-@pytest.mark.parametrize("claim", ["metrics", "summary"])
-def test_a_ledger_without_a_train_event_fails_when_the_run_says_it_trained(tmp_path, claim):
-    r = audit(write_ledger(tmp_path, admit(0), drop(0), metrics_steps=[0, 1] if claim == "metrics" else None,
-                           summary={"steps": 2} if claim == "summary" else None), 1)
-    only_error(r, "no train event, but metrics.jsonl / summary.json say 2 steps were trained")
+@pytest.mark.parametrize(("claim", "steps"), [("metrics", 2), ("summary", 2), ("summary", 1)])
+def test_a_ledger_without_a_train_event_fails_when_the_run_says_it_trained(tmp_path, claim, steps):
+    r = audit(write_ledger(tmp_path, admit(0), drop(0), metrics_steps=list(range(steps)) if claim == "metrics" else None,
+                           summary={"steps": steps} if claim == "summary" else None), 1)
+    only_error(r, f"no train event, but metrics.jsonl / summary.json say {steps} steps were trained")
 
 
 def test_a_ledger_without_a_train_event_passes_when_nothing_was_trained(tmp_path):
@@ -284,6 +321,24 @@ def test_a_ledger_without_a_train_event_passes_when_nothing_was_trained(tmp_path
 def test_a_ledger_that_stops_short_of_the_metrics_fails(tmp_path):
     r = audit(write_ledger(tmp_path, *CLEAN, metrics_steps=[0, 1, 2, 3]), 1)
     only_error(r, "stops short of metrics.jsonl: steps 2, 3 have a metrics record and no train event")
+
+
+@pytest.mark.parametrize(("last", "shown"), [(6, "2, 3, 4, 5, 6 have"), (7, "2, 3, 4, 5, 6, ... have")])
+def test_the_steps_missing_from_the_ledger_are_named_up_to_five(tmp_path, last, shown):
+    r = audit(write_ledger(tmp_path, *CLEAN, metrics_steps=range(last + 1)), 1)
+    only_error(r, f"stops short of metrics.jsonl: steps {shown} a metrics record")
+
+
+def test_blank_lines_in_the_metrics_are_skipped_not_the_end(tmp_path):
+    write_ledger(tmp_path, *CLEAN)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n\n  \n{"step": 1}\n{"step": 2}\n')
+    only_error(audit(tmp_path, 1), "steps 2 have a metrics record and no train event")
+
+
+@pytest.mark.parametrize("steps", [None, True, "2", 2.0])
+def test_a_summary_step_count_that_is_not_an_integer_claims_nothing(tmp_path, steps):
+    r = audit(write_ledger(tmp_path, admit(0), drop(0), summary={"steps": steps}), 1)
+    assert r.ok and r.errors == [], r.verdict()
 
 
 def test_a_ledger_that_trains_every_metrics_step_passes(tmp_path):
@@ -300,13 +355,19 @@ def test_a_ledger_that_stops_short_of_the_summary_fails(tmp_path):
 def test_an_unreadable_metrics_record_is_an_error_naming_its_line(tmp_path):
     write_ledger(tmp_path, *CLEAN)
     (tmp_path / "metrics.jsonl").write_text('{"step": 0}\n{"step": 1, "loss": 0.\n')
-    only_error(audit(tmp_path, 1), "metrics.jsonl:2: unreadable metrics record")
+    only_error(audit(tmp_path, 1), "metrics.jsonl:2: unreadable metrics record (JSONDecodeError: ")
 
 
 def test_an_unreadable_summary_names_the_file(tmp_path):
     write_ledger(tmp_path, *CLEAN)
     (tmp_path / "summary.json").write_text('{"steps": ')
     with pytest.raises(LedgerError, match=r"summary.json: not valid JSON"):
+        audit(tmp_path)
+
+
+def test_a_summary_that_is_not_an_object_names_the_file_and_what_it_holds(tmp_path):
+    write_ledger(tmp_path, *CLEAN, summary=[{"steps": 2}])
+    with pytest.raises(LedgerError, match=r"summary.json: expected a JSON object, got list$"):
         audit(tmp_path)
 
 
@@ -400,3 +461,72 @@ def test_the_cli_reports_an_empty_ledger_as_a_failure(tmp_path):
     (tmp_path / "ledger.jsonl").write_text("")
     proc = subprocess.run([sys.executable, "-m", "planner.audit", str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 1 and "audit FAIL" in proc.stdout and "the ledger is empty" in proc.stdout
+
+
+def test_the_cli_json_object_holds_every_report_field_and_the_verdict_follows(tmp_path, capsys):
+    write_ledger(tmp_path, *CLEAN, admit(2, 1), drop(2, tokens=5), summary={"max_staleness": 1})
+    assert main([str(tmp_path), "--json"]) == 0
+    out = capsys.readouterr().out
+    head, verdict = out.rstrip("\n").rsplit("\n", 1)
+    assert json.loads(head) == {
+        "max_staleness": 1, "max_length_bias": None, "steps": 2, "groups_admitted": 3, "groups_trained": 2,
+        "groups_dropped": 1, "readmissions": 0, "moves": 0, "tokens_trained": 20, "tokens_wasted": 5,
+        "max_token_staleness": 1, "mean_token_staleness": 0.2, "staleness_histogram": {"0": 16, "1": 4},
+        "violations": 0, "lost": [], "trained_twice": [], "errors": [], "drops_by_reason": {"stale": 1},
+        "length_bias": {"ks": pytest.approx(1 / 3), "mean_length_ratio": pytest.approx(10 / (25 / 3))}, "ok": True}
+    assert verdict.startswith("audit PASS: 2 steps, 2 groups trained, max staleness 1 (η=1), 0 violations, 1 dropped")
+
+
+def test_the_cli_prints_only_the_verdict_without_json(tmp_path, capsys):
+    write_ledger(tmp_path, *CLEAN)
+    assert main([str(tmp_path), "--max-staleness", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("audit PASS: 2 steps")
+
+
+@pytest.mark.parametrize(("flag", "value", "message"), [
+    ("--max-staleness", "-1", "error: --max-staleness=-1: must be >= 0"),
+    ("--max-length-bias", "-0.1", "error: --max-length-bias=-0.1: must be in [0, 1] (a KS statistic)"),
+    ("--max-length-bias", "1.01", "error: --max-length-bias=1.01: must be in [0, 1] (a KS statistic)"),
+])
+def test_the_cli_rejects_a_limit_out_of_range_with_exit_2_and_one_line(tmp_path, capsys, flag, value, message):
+    write_ledger(tmp_path, *CLEAN)
+    assert main([str(tmp_path), flag, value]) == 2
+    out, err = capsys.readouterr()
+    assert err == message + "\n" and out == ""
+
+
+@pytest.mark.parametrize(("flag", "value"), [("--max-staleness", "0"), ("--max-length-bias", "0"),
+                                             ("--max-length-bias", "1")])
+def test_the_cli_accepts_the_limits_at_the_ends_of_their_range(tmp_path, capsys, flag, value):
+    write_ledger(tmp_path, admit(0), admit(1), train(0, {0: [(0, 5)], 1: [(0, 2)]}))  # staleness 0, KS 0
+    assert main([str(tmp_path), flag, value]) == 0
+    assert capsys.readouterr().out.startswith("audit PASS")
+
+
+@pytest.mark.parametrize(("ledger", "message"), [
+    (None, "{dir}/ledger.jsonl: no ledger (expected ledger.jsonl in the run directory)"),
+    ('{"event": "admit", "uid": 0, "version": 0}\n{not json\n', "{dir}/ledger.jsonl:2: not valid JSON"),
+    ('{"event": "drop"}\n', "{dir}/ledger.jsonl:1: bad 'drop' event (KeyError: 'uid')"),
+])
+def test_the_cli_reports_an_unreadable_ledger_in_one_line_on_stderr_with_exit_1(tmp_path, capsys, ledger, message):
+    if ledger is not None:
+        (tmp_path / "ledger.jsonl").write_text(ledger)
+    assert main([str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and err.startswith("error: " + message.format(dir=tmp_path)), err
+
+
+def test_the_cli_help_names_the_command_and_says_what_each_option_does(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal's width
+    assert text.startswith("usage: python -m planner.audit [-h] ")
+    for said in ["Independent audit of a run: recompute every staleness claim from `ledger.jsonl` alone.",
+                 "run_dir run directory holding ledger.jsonl (or the ledger file itself)",
+                 "--max-staleness MAX_STALENESS η to check (default: summary.json's)",
+                 "--max-length-bias MAX_LENGTH_BIAS fail when the KS statistic of admitted vs trained group lengths "
+                 "exceeds this",
+                 "--json print the full report as JSON"]:
+        assert said in text, said
