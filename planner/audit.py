@@ -10,6 +10,7 @@ that trained it, the ledger is malformed, empty, or stops short of the run's met
 summary.json, or (with --max-length-bias) the length-bias KS statistic exceeds X. η defaults to
 `max_staleness` in the run's summary.json; with neither, only the structural checks apply.
 docs/design.md §8.2 lists the rules; tests/planner/test_audit.py holds a failing ledger for each.
+`--json` prints one JSON object (the report, `ok` and the verdict line) and nothing else.
 """
 
 from __future__ import annotations
@@ -256,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     except (LedgerError, FileNotFoundError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    if args.json:
-        print(json.dumps({**asdict(report), "ok": report.ok}, indent=1))
-    print(report.verdict())
+    if args.json:  # one JSON object and nothing else, so that it pipes into jq
+        print(json.dumps({**asdict(report), "ok": report.ok, "verdict": report.verdict()}, indent=1))
+    else:
+        print(report.verdict())
     return 0 if report.ok else 1
 
 
