@@ -25,6 +25,7 @@ def test_every_event_is_one_compact_json_line_in_the_documented_shape(tmp_path):
         w.train(5, [(3, [(1, 2), (2, 7)]), (4, [])])
         w.drop(Drop(4, 5, "end_of_run"), tokens=9)
         w.drop(Drop(5, 6, "stale"))
+        w.drop(Drop(8, 6, "stale"), tokens=3, length=40)  # the simulator knows the true length
         w.moves([Move(6, 1, 2), Move(7, -1, 3)])
     assert lines(path) == [
         '{"event":"admit","uid":3,"version":1,"deadline":4}',
@@ -33,6 +34,7 @@ def test_every_event_is_one_compact_json_line_in_the_documented_shape(tmp_path):
         '{"event":"train","step":5,"groups":[{"uid":3,"versions":[[1,2],[2,7]]},{"uid":4,"versions":[]}]}',
         '{"event":"drop","uid":4,"step":5,"reason":"end_of_run","tokens":9}',
         '{"event":"drop","uid":5,"step":6,"reason":"stale","tokens":0}',
+        '{"event":"drop","uid":8,"step":6,"reason":"stale","tokens":3,"length":40}',
         '{"event":"move","uid":6,"from":1,"to":2}',
         '{"event":"move","uid":7,"from":-1,"to":3}',
     ]
