@@ -38,3 +38,59 @@ def params_of(model) -> dict:
 def mesh_of(devices) -> Mesh:
     """One engine replica's (1, 1, T) mesh over these devices."""
     return Mesh(np.asarray(devices).reshape(1, 1, -1), MESH_AXES)
+
+
+class WrappedEngine(GenerationEngine):
+    """A real engine seen through a fault: every call goes to `inner`; subclasses change the
+    output stream (`keep`) the way a broken engine would."""
+
+    def __init__(self, inner: GenerationEngine) -> None:
+        self.inner = inner
+
+    async def start(self):
+        await self.inner.start()
+
+    async def stop(self):
+        await self.inner.stop()
+
+    async def submit(self, request):
+        await self.inner.submit(request)
+
+    async def abort(self, request_id):
+        await self.inner.abort(request_id)
+
+    async def update_weights(self, params, version):
+        await self.inner.update_weights(params, version)
+
+    async def stats(self):
+        return await self.inner.stats()
+
+    def keep(self, out) -> bool:
+        """Whether the controller sees this piece."""
+        return True
+
+    async def outputs(self):
+        async for out in self.inner.outputs():
+            if self.keep(out):
+                yield out
+
+
+class SilentRequestEngine(WrappedEngine):
+    """Never returns request `request_id` after its first `after` pieces (a rollout stuck in the
+    engine); `swallowed` counts the pieces held back. `request_id` None: every request after the
+    engine's first `after` pieces (a wholly hung engine)."""
+
+    def __init__(self, inner: GenerationEngine, request_id: str | None, after: int = 0) -> None:
+        super().__init__(inner)
+        self.request_id, self.after = request_id, after
+        self.seen = 0
+        self.swallowed = 0
+
+    def keep(self, out) -> bool:
+        if self.request_id is not None and out.request_id != self.request_id:
+            return True
+        self.seen += 1
+        if self.seen <= self.after:
+            return True
+        self.swallowed += 1
+        return False
