@@ -3,7 +3,6 @@ never returns, and an engine that stops streaming."""
 
 import logging
 import math
-import threading
 import time
 from collections.abc import AsyncIterator
 
@@ -15,7 +14,7 @@ from jaxrl_async.engines.base import GenerationEngine, SampleOutput
 from jaxrl_async.runtime.liveness import EngineHungError
 from planner.audit import audit
 from tests.helpers.engines import SilentRequestEngine
-from tests.helpers.train_runs import StepProbe, make_job, read_jsonl
+from tests.helpers.train_runs import StepProbe, make_job, read_jsonl, run_within
 
 pytestmark = pytest.mark.slow
 
@@ -97,25 +96,6 @@ def test_a_nan_loss_skips_the_step_reports_it_and_leaves_the_weights_unchanged(t
     assert metrics[0]["skipped"] == 1 and metrics[0]["loss"] is None  # NaN is written as null
     report = audit(tmp_path, 0)
     assert report.ok and report.max_token_staleness == 0, report.verdict()
-
-
-def run_within(job, seconds: float):
-    """`job.run()` in a daemon thread: a run that wedges fails the test instead of hanging it."""
-    out: dict = {}
-
-    def target():
-        try:
-            out["summary"] = job.run()
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
-            out["error"] = e
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"the run wedged: not finished after {seconds} s"
-    if "error" in out:
-        raise out["error"]
-    return out["summary"]
 
 
 @pytest.mark.parametrize("after", [0, 1], ids=["never-started", "stuck-mid-generation"])
