@@ -94,3 +94,22 @@ class SilentRequestEngine(WrappedEngine):
             return True
         self.swallowed += 1
         return False
+
+
+class SlowRequestEngine(WrappedEngine):
+    """Streams request `request_id` slowly: `delay_s` before each of its pieces (a long rollout
+    that makes steady progress); `pieces` counts them."""
+
+    def __init__(self, inner: GenerationEngine, request_id: str, delay_s: float) -> None:
+        super().__init__(inner)
+        self.request_id, self.delay_s = request_id, delay_s
+        self.pieces = 0
+
+    async def outputs(self):
+        import asyncio
+
+        async for out in self.inner.outputs():
+            if out.request_id == self.request_id:
+                self.pieces += 1
+                await asyncio.sleep(self.delay_s)
+            yield out

@@ -13,7 +13,7 @@ import pytest
 from jaxrl_async.engines.base import GenerationEngine, SampleOutput
 from jaxrl_async.runtime.liveness import EngineHungError
 from planner.audit import audit
-from tests.helpers.engines import SilentRequestEngine
+from tests.helpers.engines import SilentRequestEngine, SlowRequestEngine
 from tests.helpers.train_runs import StepProbe, make_job, read_jsonl, run_within
 
 pytestmark = pytest.mark.slow
@@ -134,3 +134,14 @@ def test_an_engine_that_streams_nothing_any_more_ends_the_run_with_a_one_line_er
         run_within(job, 90)
     assert engine.swallowed > 0 and "\n" not in str(info.value) and isinstance(info.value, ConnectionError)
     assert time.monotonic() - t0 < 120
+
+
+def test_a_slow_group_that_keeps_streaming_is_never_taken_for_stalled(tmp_path):
+    # Group 0's pieces arrive 1.5 s apart: it generates for longer than the timeout while never
+    # going quiet for it.
+    job = make_job(tmp_path, SMALL + ["rollout.stall_timeout_s=4"])
+    engine = SlowRequestEngine(job.controller.engine, "0.0", delay_s=1.5)
+    job.controller.engine = engine
+    summary = run_within(job, 90)
+    assert engine.pieces * engine.delay_s > 4, engine.pieces  # it really took longer than the timeout
+    assert summary["groups_stalled"] == 0 and summary["groups_readmitted"] == 0 and summary["audit_ok"]
