@@ -16,6 +16,12 @@
   re-admission keeps the staleness bound (docs/design.md §2). With `restart_lost` a replacement worker is
   started (and given the newest weights) in the freed bundle. Without `on_lost` the loss is a
   one-line error on the output stream: silently dropping groups would break no-drop.
+- **Liveness**: every call to a worker (`poll`, `submit`, `abort`, `update_weights`, `stats`,
+  `stop`) has a deadline, `rpc_timeout_s` (a poll: its own wait plus that). A worker that does not
+  answer in time — a hung or SIGSTOPped process, which Ray still reports alive — is treated as
+  dead: it is `ray.kill`ed, its requests go to `on_lost` and a replacement takes its bundle, as
+  above, with one warning line. The poll, every `poll_s`, is the heartbeat: a stopped worker is
+  found within `poll_s + rpc_timeout_s` even when the runtime sends it nothing.
 
 Left out: autoscaling, and moving in-flight prefixes between workers (lost requests restart).
 """
@@ -23,6 +29,7 @@ Left out: autoscaling, and moving in-flight prefixes between workers (lost reque
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +40,7 @@ from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEng
 from planner.configs import check
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,8 @@ class RayClusterConfig:
       strategy: placement-group strategy for the worker bundles.
       restart_lost: start a replacement worker when one dies.
       placement_timeout_s: how long to wait for the bundles before failing.
+      rpc_timeout_s: how long a worker may take to answer a call (the slowest weight push
+        included) before it is treated as dead, killed and replaced.
       distributed: multi-host JAX for the trainer (`cluster.distributed.*`, see distributed.py).
     """
 
@@ -58,6 +68,7 @@ class RayClusterConfig:
     strategy: str = "PACK"
     restart_lost: bool = True
     placement_timeout_s: float = 60
+    rpc_timeout_s: float = 120
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self) -> None:
@@ -65,6 +76,8 @@ class RayClusterConfig:
         for name in ("gpus_per_worker", "cpus_per_worker"):
             check(getattr(self, name) >= 0, f"cluster.{name}", getattr(self, name), "must be >= 0")
         check(self.strategy in STRATEGIES, "cluster.strategy", self.strategy, f"must be one of {STRATEGIES}")
+        for name in ("placement_timeout_s", "rpc_timeout_s"):
+            check(getattr(self, name) > 0, f"cluster.{name}", getattr(self, name), "must be > 0 (seconds)")
 
 
 @dataclass(frozen=True)
@@ -210,6 +223,10 @@ class _Worker:
     alive: bool = True
 
 
+class _WorkerLost(Exception):
+    """A call to a worker that died or did not answer in time (the worker is already handled)."""
+
+
 class RayEngineProxy(GenerationEngine):
     """Ray actors behind the `GenerationEngine` contract (see the module docstring)."""
 
@@ -224,6 +241,7 @@ class RayEngineProxy(GenerationEngine):
         self._latest: tuple[Any, int] | None = None  # (params ref, version) for replacements
         self._placement = None
         self._version = 0
+        self._replacing = 0  # replacement workers being started
 
     async def start(self) -> None:
         import ray
@@ -249,7 +267,7 @@ class RayEngineProxy(GenerationEngine):
             num_cpus=c.cpus_per_worker, num_gpus=c.gpus_per_worker, max_concurrency=64,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=index))
         actor = remote.remote(self.spec)
-        pid = await actor.start.remote()
+        pid = await actor.start.remote()  # no deadline: loading and compiling a model takes what it takes
         # A push that lands while this worker loads the latest weights only reaches the workers
         # already listed, so load again until nothing newer arrived. No await separates the last
         # check from joining the list, so no push can slip in between.
@@ -262,12 +280,26 @@ class RayEngineProxy(GenerationEngine):
         self._tasks.append(asyncio.get_running_loop().create_task(self._read(worker)))
         return worker
 
-    async def _read(self, worker: _Worker) -> None:
+    async def _call(self, worker: _Worker, method: str, *args: Any, timeout_s: float | None = None) -> Any:
+        """`worker.actor.<method>.remote(*args)`, awaited for at most `timeout_s` (default
+        `rpc_timeout_s`). A worker that died or did not answer is lost (`_lose`): `_WorkerLost`."""
         import ray
 
+        timeout_s = self.cluster.rpc_timeout_s if timeout_s is None else timeout_s
+        try:
+            return await asyncio.wait_for(getattr(worker.actor, method).remote(*args), timeout_s)
+        except asyncio.TimeoutError:
+            self._lose(worker, f"did not answer {method} within {timeout_s:g} s (hung or stopped)")
+        except ray.exceptions.RayActorError:
+            self._lose(worker, "died")
+        raise _WorkerLost
+
+    async def _read(self, worker: _Worker) -> None:
+        """The worker's output stream, one long poll at a time; a poll is also its heartbeat."""
         try:
             while worker.alive:
-                for out in await worker.actor.poll.remote(self.poll_s):
+                for out in await self._call(worker, "poll", self.poll_s,
+                                            timeout_s=self.poll_s + self.cluster.rpc_timeout_s):
                     if out.done:
                         self._samples_left[out.request_id] -= 1
                         if not self._samples_left[out.request_id]:
@@ -275,29 +307,56 @@ class RayEngineProxy(GenerationEngine):
                             self._owner.pop(out.request_id, None)
                             worker.live.discard(out.request_id)
                     self._out.put_nowait(out)
-        except ray.exceptions.RayActorError:
-            await self._lose(worker)
+        except _WorkerLost:
+            return
         except BaseException as error:  # noqa: BLE001 - the stream owner must see it
             if not isinstance(error, asyncio.CancelledError):
                 self._out.put_nowait(error)
             raise
 
-    async def _lose(self, worker: _Worker) -> None:
+    def _lose(self, worker: _Worker, why: str) -> None:
+        """`worker` is dead to the run: kill it (a hung process still holds its bundle), hand its
+        requests to `on_lost` and start a replacement (`_replace`). Idempotent."""
+        import ray
+
+        if not worker.alive:
+            return
         worker.alive = False
         lost = sorted(worker.live)
         for rid in lost:
             self._owner.pop(rid, None)
             self._samples_left.pop(rid, None)
         worker.live.clear()
+        log.warning("generation worker %d (pid %d) %s: killed; its %d requests go to the fault path%s",
+                    worker.index, worker.pid, why, len(lost),
+                    ", a replacement starts" if self.cluster.restart_lost and self.on_lost is not None else "")
+        try:
+            ray.kill(worker.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
         if self.on_lost is None:
             self._out.put_nowait(RuntimeError(
-                f"generation worker {worker.index} (pid {worker.pid}) died holding {len(lost)} requests "
+                f"generation worker {worker.index} (pid {worker.pid}) {why} holding {len(lost)} requests "
                 "and no on_lost handler was given"))
             return
-        if self.cluster.restart_lost:
-            await self._spawn(worker.index)
-        if lost:
-            self.on_lost(lost)
+        self._replacing += int(self.cluster.restart_lost)
+        self._tasks.append(asyncio.get_running_loop().create_task(self._replace(worker.index, lost)))
+
+    async def _replace(self, index: int, lost: list[str]) -> None:
+        """A replacement first (it loads the newest weights before it joins), then the fault path,
+        so that a one-worker cluster has a worker to resubmit to."""
+        try:
+            if self.cluster.restart_lost:
+                try:
+                    await self._spawn(index)
+                finally:
+                    self._replacing -= 1
+            if lost:
+                self.on_lost(lost)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - the stream owner must see it
+            self._out.put_nowait(error)
 
     async def stop(self) -> None:
         import ray
@@ -309,31 +368,47 @@ class RayEngineProxy(GenerationEngine):
         await asyncio.gather(*self._tasks, return_exceptions=True)
         for w in self.workers:
             try:
-                await w.actor.stop.remote()
-            except ray.exceptions.RayActorError:
+                await asyncio.wait_for(w.actor.stop.remote(), self.cluster.rpc_timeout_s)
+            except (ray.exceptions.RayActorError, asyncio.TimeoutError):
                 pass
             ray.kill(w.actor)
         if self._placement is not None:
             ray.util.remove_placement_group(self._placement)
         self._out.put_nowait(END_OF_OUTPUTS)
 
+    async def _live_workers(self) -> list[_Worker]:
+        """The live workers; while none is but a replacement is starting, wait for it."""
+        while True:
+            live = [w for w in self.workers if w.alive]
+            if live or not self._replacing:
+                return live
+            await asyncio.sleep(self.poll_s / 5)
+
     async def submit(self, request: GenerationRequest) -> None:
         if request.request_id in self._owner:
             raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
-        live = [w for w in self.workers if w.alive]
-        if not live:
-            raise RuntimeError("cluster: no live generation worker")
-        by_index = {w.index: w for w in live}
-        worker = by_index[least_loaded({w.index: len(w.live) for w in live})]
-        await worker.actor.submit.remote(request)
-        worker.live.add(request.request_id)
-        self._owner[request.request_id] = worker
-        self._samples_left[request.request_id] = request.sampling.n
+        while True:  # a worker that fails to take it is lost: the next live one gets it
+            live = await self._live_workers()
+            if not live:
+                raise RuntimeError("cluster: no live generation worker")
+            by_index = {w.index: w for w in live}
+            worker = by_index[least_loaded({w.index: len(w.live) for w in live})]
+            try:
+                await self._call(worker, "submit", request)
+            except _WorkerLost:
+                continue
+            worker.live.add(request.request_id)
+            self._owner[request.request_id] = worker
+            self._samples_left[request.request_id] = request.sampling.n
+            return
 
     async def abort(self, request_id: str) -> None:
         worker = self._owner.get(request_id)
         if worker is not None and worker.alive:
-            await worker.actor.abort.remote(request_id)
+            try:
+                await self._call(worker, "abort", request_id)
+            except _WorkerLost:
+                pass  # its requests, this one included, went to the fault path
 
     async def update_weights(self, params: Any, version: int) -> None:
         import ray
@@ -343,10 +418,10 @@ class RayEngineProxy(GenerationEngine):
         ref = ray.put(params)
         self._latest = (ref, version)
         live = [w for w in self.workers if w.alive]
-        results = await asyncio.gather(*(w.actor.update_weights.remote(ref, version) for w in live),
+        results = await asyncio.gather(*(self._call(w, "update_weights", ref, version) for w in live),
                                        return_exceptions=True)
         for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, ray.exceptions.RayActorError):
+            if isinstance(r, BaseException) and not isinstance(r, _WorkerLost):
                 raise r  # a refused push (ValueError naming the leaf) from the first worker that refused
         self._version = version
 
@@ -355,13 +430,11 @@ class RayEngineProxy(GenerationEngine):
 
     async def stats(self) -> EngineStats:
         live = [w for w in self.workers if w.alive]
-        parts = await asyncio.gather(*(w.actor.stats.remote() for w in live), return_exceptions=True)
+        parts = await asyncio.gather(*(self._call(w, "stats") for w in live), return_exceptions=True)
         parts = [p for p in parts if isinstance(p, EngineStats)]
         n = max(1, len(parts))
         return EngineStats(
             active_slots=sum(p.active_slots for p in parts), total_slots=sum(p.total_slots for p in parts),
             queued=sum(p.queued for p in parts), busy_fraction=sum(p.busy_fraction for p in parts) / n,
             version=min((p.version for p in parts), default=self._version),
-            extra={"workers": len(parts), "pids": [w.pid for w in live]})
-
-
+            extra={"workers": len(parts), "pids": [w.pid for w in self.workers if w.alive]})

@@ -18,11 +18,34 @@ depend on where its processes run.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 
 from planner.configs import check
 
 PROGRESS_MODES = ("auto", "rich", "plain", "off")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """`rollout.*`: liveness of generation (docs/design.md §5 Liveness).
+
+    A group whose current attempt streams no token for `stall_timeout_s` is aborted and
+    regenerated through the planner's fault path; a group still queued in the engine counts as
+    stalled only when the engine streamed nothing at all for that long. `max_quiet_stalls`
+    stall rounds in a row with no token from the engine in between mean the engine itself hangs:
+    the run ends with a one-line error instead of wedging.
+    """
+
+    stall_timeout_s: float | None = 300.0  # seconds without a token before a group is regenerated; null = off
+    max_quiet_stalls: int = 3  # consecutive stall rounds with no token anywhere before the run gives up
+
+    def __post_init__(self) -> None:
+        t = self.stall_timeout_s
+        check(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t > 0),
+              "rollout.stall_timeout_s", t, "must be a number > 0 (seconds), or null to turn stall detection off")
+        check(isinstance(self.max_quiet_stalls, int) and not isinstance(self.max_quiet_stalls, bool)
+              and self.max_quiet_stalls >= 1, "rollout.max_quiet_stalls", self.max_quiet_stalls, "must be an int >= 1")
 
 
 @dataclass(frozen=True)
@@ -48,6 +71,7 @@ class RunConfig:
     progress: str = "auto"  # auto (rich on a TTY, plain lines otherwise) | rich | plain | off
     tensorboard: bool = True  # TensorBoard event files in run_dir/tb/
     record_events: bool = False  # write every policy call to policy_events.jsonl (parity replay)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # liveness: stall detection
 
     def __post_init__(self) -> None:
         check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),

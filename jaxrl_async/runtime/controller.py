@@ -30,6 +30,12 @@ path, `on_group_lost(prefix_kept=False)`: its collected pieces are discarded and
 re-admission (a new request id, with its start barrier `Admission.version`) is submitted, so the
 group is regenerated from scratch, the bound holds and nothing is dropped.
 
+Stalls (`rollout.stall_timeout_s`, runtime/liveness.py): a watchdog task asks a `StallWatch`, fed
+with every submission and every piece, which generating groups streamed no token for that long;
+each goes through the same fault path, with one warning line, counted as `groups_stalled`. An
+engine that streams nothing through `rollout.max_quiet_stalls` stall rounds hangs: the run saves a
+checkpoint (when no step is training) and ends with a one-line `EngineHungError`.
+
 Stopping: `request_stop()` (SIGTERM) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
 planner's fault path (`on_group_lost(prefix_kept=False)`), done ones keep their samples.
@@ -40,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import logging
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -51,9 +58,10 @@ from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
 from jaxrl_async.runtime.config import RunConfig
+from jaxrl_async.runtime.liveness import StallWatch
 from jaxrl_async.runtime.metrics import METRICS_FILE, EngineLoad, MetricsSink, RunStats, StepTiming, step_record
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
-from jaxrl_async.runtime.scoring import score_group
+from jaxrl_async.runtime.scoring import RewardErrorLog, score_group
 from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup, from_json, to_json
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
@@ -63,6 +71,7 @@ from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.types import Admission, Candidate, Decision, Drop, Move
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -142,6 +151,8 @@ class Controller:
         self._trainer_busy_s = 0.0  # this segment
         self._last_record = (0.0, 0)  # (now, tokens generated) at the previous step record
         self._step_wait_since = 0.0
+        self._watch = StallWatch(cfg.rollout)
+        self._reward_log = RewardErrorLog()
 
     # ================================================================== time
     def now(self) -> float:
@@ -173,6 +184,8 @@ class Controller:
             if self.version:
                 await self._push(self.version)
             self._spawn(self._read_outputs)
+            if self._watch.enabled:
+                self._spawn(self._watch_stalls)
             self._spawn(self._begin)
             await self._done.wait()
             if self._error is not None:
@@ -216,8 +229,35 @@ class Controller:
             raise RuntimeError(f"policy {self.policy.name}: on_group_lost(uid={uid}) neither re-admitted nor "
                                "dropped the group; it would be lost")
 
+    async def _watch_stalls(self) -> None:
+        """Every `period_s`: regenerate the groups that stalled (see runtime/liveness.py)."""
+        while True:
+            await asyncio.sleep(self._watch.period_s)
+            async with self._mutex:
+                if self._stop or self._done.is_set():
+                    return
+                now = self.now()
+                stall_round = self._watch.check(now, [
+                    (uid, g.rollout.request_id, g.rollout.started) for uid, g in self.groups.items()
+                    if g.phase == GENERATING and uid not in self._lost])
+                if stall_round is None:
+                    continue
+                if self._watch.hung:
+                    if not self._training:
+                        await self.save_checkpoint()
+                    raise self._watch.hung_error(now, self.groups_in_flight())
+                for stall in stall_round.stalls:
+                    self.stats.groups_stalled += 1
+                    log.warning("rollout stalled: group %d (request %s) streamed no token for %.1f s%s; "
+                                "regenerating it through the fault path", stall.uid, stall.request_id,
+                                stall.idle_s, " (the engine streamed nothing either)" if stall_round.quiet else "")
+                    self._regenerate(stall.uid)
+                await self._flush_engine_commands()
+                await self._settle()
+
     async def _result(self) -> RunResult:
         self.stats = await self._stats_now()
+        RewardErrorLog.report(self.stats.reward_errors_by_type)
         return RunResult(self.step, self.step >= self.cfg.steps, self.stats, self.stats.elapsed_s,
                          self.stats.trainer_busy_s, self.stats.generator_busy_s)
 
@@ -281,6 +321,7 @@ class Controller:
         for kind, payload in commands:
             if kind == "submit":
                 await self.engine.submit(payload)
+                self._watch.submitted(payload.request_id, self.now())
             else:
                 await self.engine.abort(payload)
 
@@ -367,6 +408,7 @@ class Controller:
         async for piece in self.engine.outputs():
             async with self._mutex:
                 event = self._collector.add(piece)
+                self._watch.piece(piece.request_id if event is not None else None, self.now())
                 if event is None:
                     continue  # a dropped or superseded request
                 group, now = event.group, self.now()
@@ -394,6 +436,7 @@ class Controller:
             rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
             self.stats.rewards_scored += len(result.rewards)
             self.stats.reward_errors += len(result.errors)
+            self._reward_log.record(self.stats.reward_errors_by_type, rollout.uid, result.errors)
             live.phase = DONE
             self._ask = True
             self._apply(self.policy.on_group_finished(uid=rollout.uid, versions=rollout.token_versions(),

@@ -43,11 +43,13 @@ class RunStats:
     groups_readmitted: int = 0
     groups_trained: int = 0
     groups_dropped: int = 0
+    groups_stalled: int = 0  # attempts aborted by the stall watchdog and regenerated (runtime/liveness.py)
     tokens_generated: int = 0
     tokens_trained: int = 0
     tokens_wasted: int = 0  # generated tokens of dropped groups
     rewards_scored: int = 0
     reward_errors: int = 0  # reward function raised / timed out / returned garbage -> 0.0
+    reward_errors_by_type: Counter = field(default_factory=Counter)  # kind (timeout, ValueError, ...) -> count
     pushes: int = 0  # weight pushes to the engines
     push_s: float = 0.0  # their seconds: trainer layout -> engine layout, until every engine holds them
     push_max_s: float = 0.0
@@ -67,12 +69,14 @@ class RunStats:
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["staleness"] = {str(s): t for s, t in sorted(self.staleness.items())}
+        d["reward_errors_by_type"] = dict(sorted(self.reward_errors_by_type.items()))
         return d
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> RunStats:
         d = dict(d)
         d["staleness"] = Counter({int(s): int(t) for s, t in d["staleness"].items()})
+        d["reward_errors_by_type"] = Counter(d.get("reward_errors_by_type", {}))
         return cls(**d)
 
 
@@ -115,6 +119,7 @@ def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], leng
             "inflight_groups": inflight_groups,
             "done_groups": done_groups,
             "reward_errors": stats.reward_errors,
+            "groups_stalled": stats.groups_stalled,
             "push_s": stats.last_push_s,  # the latest weight push (after the previous step)
             "eta_s": eta_s,
             **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
@@ -136,6 +141,8 @@ def summary(stats: RunStats, *, policy: str, max_staleness: int | None, elapsed_
             "groups_readmitted": stats.groups_readmitted,
             "tokens_generated": stats.tokens_generated,
             "reward_errors": stats.reward_errors,
+            "reward_errors_by_type": dict(sorted(stats.reward_errors_by_type.items())),
+            "groups_stalled": stats.groups_stalled,
             "rewards_scored": stats.rewards_scored,
             "weight_push_s_mean": stats.push_s / max(1, stats.pushes),
             "weight_push_s_max": stats.push_max_s,

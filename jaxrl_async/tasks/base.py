@@ -64,14 +64,21 @@ class TaskConfig:
     # `(prompt_text, completion_text, answer) -> float`, sync or async; replaces the task's own
     # `score`. `prompt_text` is the raw user message (Prompt.meta["content"]).
     reward_fn: str | None = None
-    # A reward that takes longer scores 0.0 with an error (the run goes on).
+    # A reward that takes longer scores 0.0 with an error (the run goes on; the call is abandoned).
     reward_timeout_s: float = 30.0
+    # Sync reward calls at once, each in a daemon thread of the task's own (tasks/rewards.py).
+    reward_workers: int = 8
+    # Abandoned (timed-out) calls that may still run; beyond it a reward scores 0.0 without a call
+    # until one of them returns, so a function that always hangs cannot pile up threads.
+    reward_max_hung: int = 32
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             _check_type(f.name, getattr(self, f.name), hints[f.name])
         check(self.reward_timeout_s > 0, "task.reward_timeout_s", self.reward_timeout_s, "must be > 0")
+        for name in ("reward_workers", "reward_max_hung"):
+            check(getattr(self, name) >= 1, f"task.{name}", getattr(self, name), "must be an int >= 1")
 
 
 def _check_type(key: str, value: Any, hint: Any) -> None:
@@ -99,8 +106,9 @@ class Task(abc.ABC):
         self.cfg = cfg
         # Resolved here, at start-up: a bad dotted path must not surface at the first reward.
         user_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn is not None else None
-        self._user_reward = None if user_fn is None else RewardRunner(user_fn, cfg.reward_timeout_s)
-        self._own_reward = RewardRunner(self.score, cfg.reward_timeout_s)
+        pool = {"max_workers": cfg.reward_workers, "max_hung": cfg.reward_max_hung}
+        self._user_reward = None if user_fn is None else RewardRunner(user_fn, cfg.reward_timeout_s, **pool)
+        self._own_reward = RewardRunner(self.score, cfg.reward_timeout_s, **pool)
 
     @abc.abstractmethod
     def examples(self) -> list[Example]:
@@ -116,7 +124,9 @@ class Task(abc.ABC):
 
     @abc.abstractmethod
     async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
-        """The task's own reward for one completion of `prompt` (may raise; `reward` contains it)."""
+        """The task's own reward for one completion of `prompt` (may raise; `reward` contains it).
+        A task whose score is CPU work may define it as a plain `def`: it then runs in the task's
+        own daemon threads under the timeout, like a sync `reward_fn` (tasks/rewards.py)."""
 
     async def reward(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> RewardResult:
         """What the runtime calls: the user's `reward_fn` if configured, else `score`; never raises."""

@@ -13,7 +13,6 @@ scores in worker threads, so they are off here and `reward_timeout_s` (RewardRun
 
 from __future__ import annotations
 
-import asyncio
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -76,6 +75,6 @@ class GSM8KTask(Task):
                                     f"{row['question'].strip()}\n\n{self.cfg.instruction}", final))
         return examples
 
-    async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
-        # sympy work: off the event loop.
-        return 1.0 if await asyncio.to_thread(is_correct, prompt.answer, completion_text) else 0.0
+    def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
+        # sympy work, sync: the RewardRunner runs it in the task's daemon threads under the timeout.
+        return 1.0 if is_correct(prompt.answer, completion_text) else 0.0

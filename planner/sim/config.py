@@ -77,12 +77,18 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class FaultConfig:
-    """Worker faults: a fixed list, a Poisson rate, or both."""
+    """Worker faults: a fixed list, a Poisson rate, or both; and attempts that hang (stalls)."""
 
     events: tuple[FaultSpec, ...] = ()  # [{time, worker}, ...]
     rate: float = 0.0  # faults per worker per simulated hour (exponential gaps, own seeded stream)
     recovery: str = "resume"  # resume: keep generated tokens | regenerate: start over (tokens wasted)
     restart_after: float | None = None  # s until a dead worker comes back; None = never
+    # Each attempt hangs with this probability: it starts, holds its slots and KV, and never
+    # streams a token (a request stuck in an engine), until the stall timeout aborts it.
+    stall_prob: float = 0.0
+    # The runtime's rollout.stall_timeout_s: a hung attempt is aborted this long after its start
+    # and regenerated through on_group_lost(prefix_kept=False); None = no watchdog.
+    stall_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
         p = "sim.faults"
@@ -97,6 +103,11 @@ class FaultConfig:
               f"must be one of {', '.join(RECOVERY_MODES)}")
         check(self.restart_after is None or self.restart_after >= 0, f"{p}.restart_after", self.restart_after,
               "must be >= 0, or null for never")
+        check(0 <= self.stall_prob < 1, f"{p}.stall_prob", self.stall_prob, "must be in [0, 1)")
+        check(self.stall_timeout_s is None or self.stall_timeout_s > 0, f"{p}.stall_timeout_s", self.stall_timeout_s,
+              "must be > 0, or null for no stall watchdog")
+        check(self.stall_prob == 0 or self.stall_timeout_s is not None, f"{p}.stall_timeout_s", self.stall_timeout_s,
+              f"must be set when {p}.stall_prob > 0: without a watchdog a hung attempt holds its batch forever")
 
 
 @dataclass(frozen=True)

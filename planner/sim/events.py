@@ -19,6 +19,7 @@ class EventKind(enum.IntEnum):
     SYNC_DONE = 2  # payload: (worker, version, life)
     COMPLETION = 3  # payload: (worker, epoch): the worker's earliest sequence finishes
     STEP_DONE = 4  # payload: step
+    STALL = 5  # payload: (uid, worker, run token): the stall timeout of a hung attempt expires
 
 
 Event = tuple[float, EventKind, Any]

@@ -21,7 +21,7 @@ class SimGroup:
     __slots__ = (
         "uid", "prompt_id", "prompt_tokens", "lengths", "done_tok", "state", "priority", "seq",
         "worker", "token", "rem", "base", "seg_base", "remaining", "kv", "versions", "last_versions",
-        "started", "min_version",
+        "started", "min_version", "hangs", "stuck",
     )
 
     def __init__(self, uid: int, prompt_id: int | str, prompt_tokens: int, lengths: list[int]) -> None:
@@ -44,6 +44,8 @@ class SimGroup:
         self.versions: dict[int, int] = {}  # generation version -> tokens
         self.last_versions: list[int] = []  # version of each finished trajectory's last token
         self.started = False  # on_group_started was reported
+        self.hangs = False  # this attempt hangs when it starts (the stall fault model, drawn per attempt)
+        self.stuck = 0  # sequences of its hung run holding slots on its worker (0: not hung)
 
     def run_tokens(self, counter: float) -> int:
         """Tokens this run has generated when its worker's decode counter reads `counter`."""

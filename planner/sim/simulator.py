@@ -10,6 +10,14 @@ can see, `_settle` asks the policy to admit from the candidate window and, while
 waits, to select batch `k`; decisions are applied at once through `planner.driver.apply_decision`
 (moves to the ledger, drops, the batch, admissions in order), the simulator being its host.
 
+Stalls (`sim.faults.stall_prob`): an attempt may hang on its worker — it starts, holds its slots
+and KV and never streams a token. The runtime's watchdog (`rollout.stall_timeout_s`,
+jaxrl_async/runtime/liveness.py) is modelled by a STALL event `stall_timeout_s` after the hung
+attempt started: the simulator aborts it and calls `on_group_lost(prefix_kept=False)`, as the
+runtime does. Simplification: only hung attempts stall here; a group queued behind them waits
+until their timeout frees the slots (the runtime would also regenerate it once the whole engine
+has been quiet for a timeout).
+
 Everything random comes from `seed` (numpy Generators spawned per purpose), and nothing reads a
 clock, so a run is a function of (policy, config, seed). A run that runs out of events while the
 trainer still waits is a policy bug: it stops and reports `deadlock: true`.
@@ -86,7 +94,10 @@ class Simulator:
         self.workload = workload
         self.seed = seed
         self.ledger = ledger if ledger is not None else NullLedger()
-        data_rng, fault_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(2))
+        # Spawned children depend on their index only: adding the stall stream keeps older runs identical.
+        data_rng, fault_rng, self.stall_rng = (np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(3))
+        self.stall_prob = cfg.faults.stall_prob
+        self.stall_timeout_s = cfg.faults.stall_timeout_s
         self.window = AdmissionWindow(workload, data_rng, cfg.admission_window or 2 * ctx.batch_groups)
         self.workers = [Worker(i, cfg.workers) for i in range(cfg.workers.num_workers)]
         self.partial_sync = cfg.workers.sync_mode == "partial"
@@ -102,6 +113,7 @@ class Simulator:
         self.synced = 0  # last version reported by on_version_synced
         self.admitted = 0
         self.readmissions = 0
+        self.stalls = 0  # hung attempts aborted at their stall timeout
         self._enqueue_seq = 0
         self._out: list[tuple[float, EventKind, Any]] = []
         self._changed = False  # something a policy can see changed since the last settle
@@ -113,6 +125,7 @@ class Simulator:
             EventKind.SYNC_DONE: self._on_sync_done,
             EventKind.COMPLETION: self._on_completion,
             EventKind.STEP_DONE: self._on_step_done,
+            EventKind.STALL: self._on_stall,
         }
 
     # ================================================================== loop
@@ -178,6 +191,7 @@ class Simulator:
         self.ledger.admit(a)
         g.priority = a.priority
         g.min_version = a.version
+        g.hangs = bool(self.stall_prob) and self.stall_rng.random() < self.stall_prob  # drawn per attempt
         self._route(g)
         self._changed = True
 
@@ -253,6 +267,8 @@ class Simulator:
                 self._out.append((t, EventKind.COMPLETION, (w.index, w.epoch)))
 
     def _started(self, w: Worker, g: SimGroup) -> None:
+        if g.stuck:  # a hung attempt: the watchdog gives up on it stall_timeout_s from now
+            self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
         self.ledger.start(g.uid, w.version)
         self._changed = True
         self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
@@ -357,6 +373,24 @@ class Simulator:
         if self.cfg.faults.restart_after is not None:
             self._out.append((self.now + self.cfg.faults.restart_after, EventKind.RESTART, index))
 
+    def _on_stall(self, payload: tuple[int, int, int]) -> None:
+        """A hung attempt's stall timeout expired: abort it and regenerate the group through the
+        fault path, as the runtime's watchdog does (prefix_kept=False: its earlier tokens are wasted)."""
+        uid, index, token = payload
+        g = self.groups.get(uid)
+        if g is None or g.state != GState.RUNNING or (g.worker, g.token) != (index, token) or not g.stuck:
+            return  # dropped, or its worker died and it was re-admitted meanwhile
+        w = self.workers[g.worker]
+        w.abort(self.now, g)
+        self._kick(w, force=True)
+        self.stalls += 1
+        self.metrics.waste(g.generated)
+        g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
+        g.state = GState.LOST
+        self.lost[uid] = g
+        self._changed = self._ask = True
+        self._apply(self.p.on_group_lost(uid=uid, prefix_kept=False, now=self.now), "on_group_lost")
+
     def _on_restart(self, index: int) -> None:
         w = self.workers[index]
         w.revive(self.now, self.published)
@@ -389,6 +423,7 @@ class Simulator:
             trainer_wait_s=self.trainer.wait_total,
             readmissions=self.readmissions,
             groups_lost=len(self.lost),
+            groups_stalled=self.stalls,
             policy_params=dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
             workload=workload_params(self.workload),
             seed=self.seed,

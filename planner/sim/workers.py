@@ -13,6 +13,10 @@ vLLM engine that runs a prefill batch or loads weights between decode steps. Tok
 tracked in *segments*: when the worker's version changes, every running group's tokens since the
 last change are booked to the old version (`close_segments`: partial rollout).
 
+A hung attempt (`SimGroup.hangs`, the stall fault model) starts like any other — prefill, slots,
+KV — but none of its sequences ever advances: it holds `stuck` slots and its KV until the
+simulator's stall timeout aborts it.
+
 Deliberate simplifications: a group starts only as a whole (all n trajectories, one shared
 prefill); its KV reservation is its final footprint (prompt + all responses), released when the
 whole group ends — no paging or preemption; the queue is strict priority order (head-of-line
@@ -34,7 +38,7 @@ class Worker:
         "index", "speed", "alpha", "beta", "prefill", "t_sync", "max_seqs", "kv_cap",
         "counter", "t_last", "stall_until", "active", "seqs", "runs", "queue", "kv_used",
         "version", "synced_version", "pending_version", "alive", "life", "epoch", "busy_since", "busy_total",
-        "_next_token",
+        "stuck", "_next_token",
     )
 
     def __init__(self, index: int, cfg: WorkerConfig) -> None:
@@ -50,6 +54,7 @@ class Worker:
         self.t_last = 0.0  # time at which `counter` is exact
         self.stall_until = 0.0  # no decoding before this time (prefill, weight load)
         self.active = 0  # sequences decoding
+        self.stuck = 0  # sequences of hung runs: they hold slots but never advance
         self.seqs: list[tuple[float, int]] = []  # heap of (finish counter, run token)
         self.runs: dict[int, SimGroup] = {}  # run token -> running group
         self.queue: list[tuple[float, int, SimGroup]] = []  # heap of (priority, seq, group)
@@ -122,7 +127,8 @@ class Worker:
             rem = [l - d for l, d in zip(group.lengths, group.done_tok)]
             n = sum(1 for r in rem if r > 0)
             kv = group.prompt_tokens + sum(group.lengths)
-            if self.active and (self.active + n > self.max_seqs or self.kv_used + kv > self.kv_cap):
+            held = self.active + self.stuck
+            if held and (held + n > self.max_seqs or self.kv_used + kv > self.kv_cap):
                 break
             heappop(queue)
             if not advanced:
@@ -145,11 +151,21 @@ class Worker:
         group.remaining = n
         for r in rem:
             if r > 0:
-                heappush(self.seqs, (self.counter + r, token))
+                if not group.hangs:
+                    heappush(self.seqs, (self.counter + r, token))
             elif first_run:
                 group.last_versions.append(self.version)  # an empty response: done at once
         if n == 0:  # nothing to generate (empty responses): done at start
             group.state = GState.DONE
+            return
+        if group.hangs:  # holds its slots and KV; no sequence advances (no finish target, no tokens)
+            group.rem = [0] * len(rem)
+            group.remaining = 0
+            group.stuck = n
+            self.stuck += n
+            group.kv = kv
+            self.kv_used += kv
+            self.runs[token] = group
             return
         group.kv = kv
         self.kv_used += kv
@@ -219,6 +235,8 @@ class Worker:
         self.kv_used -= group.kv
         self._set_active(now, self.active - group.remaining)
         group.remaining = 0
+        self.stuck -= group.stuck
+        group.stuck = 0
         return booked
 
     def kill(self, now: float) -> tuple[list[tuple[SimGroup, int, int]], list[SimGroup]]:

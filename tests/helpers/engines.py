@@ -1,9 +1,10 @@
-"""Reading and comparing what a generation engine produced, for the engine tests; an engine wrapper
-that keeps chosen groups in flight."""
+"""Reading and comparing what a generation engine produced, for the engine tests; real engines
+seen through a fault (`WrappedEngine` and its subclasses: a stuck request, a slow one, groups
+withheld so that they stay in flight)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import numpy as np
 from flax import nnx
@@ -43,14 +44,12 @@ def mesh_of(devices) -> Mesh:
     return Mesh(np.asarray(devices).reshape(1, 1, -1), MESH_AXES)
 
 
-class WithholdingEngine(GenerationEngine):
-    """A real engine whose pieces of the requests `withhold(request_id)` names never reach the
-    reader: those groups stay in flight however fast the engine is, so that a stop or a fault
-    test finds them generating (what a slow or stuck worker looks like to the controller)."""
+class WrappedEngine(GenerationEngine):
+    """A real engine seen through a fault: every call goes to `inner`; subclasses change the
+    output stream (`keep`) the way a broken engine would."""
 
-    def __init__(self, inner: GenerationEngine, withhold: Callable[[str], bool]) -> None:
-        self.inner, self.withhold = inner, withhold
-        self.withheld: set[str] = set()
+    def __init__(self, inner: GenerationEngine) -> None:
+        self.inner = inner
 
     async def start(self):
         await self.inner.start()
@@ -70,9 +69,68 @@ class WithholdingEngine(GenerationEngine):
     async def stats(self):
         return await self.inner.stats()
 
-    async def outputs(self) -> AsyncIterator[SampleOutput]:
+    def keep(self, out) -> bool:
+        """Whether the controller sees this piece."""
+        return True
+
+    async def outputs(self):
         async for out in self.inner.outputs():
-            if self.withhold(out.request_id):
-                self.withheld.add(out.request_id)
-                continue
+            if self.keep(out):
+                yield out
+
+
+class SilentRequestEngine(WrappedEngine):
+    """Never returns request `request_id` after its first `after` pieces (a rollout stuck in the
+    engine); `swallowed` counts the pieces held back. `request_id` None: every request after the
+    engine's first `after` pieces (a wholly hung engine)."""
+
+    def __init__(self, inner: GenerationEngine, request_id: str | None, after: int = 0) -> None:
+        super().__init__(inner)
+        self.request_id, self.after = request_id, after
+        self.seen = 0
+        self.swallowed = 0
+
+    def keep(self, out) -> bool:
+        if self.request_id is not None and out.request_id != self.request_id:
+            return True
+        self.seen += 1
+        if self.seen <= self.after:
+            return True
+        self.swallowed += 1
+        return False
+
+
+class SlowRequestEngine(WrappedEngine):
+    """Streams request `request_id` slowly: `delay_s` before each of its pieces (a long rollout
+    that makes steady progress); `pieces` counts them."""
+
+    def __init__(self, inner: GenerationEngine, request_id: str, delay_s: float) -> None:
+        super().__init__(inner)
+        self.request_id, self.delay_s = request_id, delay_s
+        self.pieces = 0
+
+    async def outputs(self):
+        import asyncio
+
+        async for out in self.inner.outputs():
+            if out.request_id == self.request_id:
+                self.pieces += 1
+                await asyncio.sleep(self.delay_s)
             yield out
+
+
+class WithholdingEngine(WrappedEngine):
+    """A real engine whose pieces of the requests `withhold(request_id)` names never reach the
+    reader: those groups stay in flight however fast the engine is, so that a stop or a fault
+    test finds them generating (what a slow or stuck worker looks like to the controller)."""
+
+    def __init__(self, inner: GenerationEngine, withhold: Callable[[str], bool]) -> None:
+        super().__init__(inner)
+        self.withhold = withhold
+        self.withheld: set[str] = set()
+
+    def keep(self, out: SampleOutput) -> bool:
+        if self.withhold(out.request_id):
+            self.withheld.add(out.request_id)
+            return False
+        return True

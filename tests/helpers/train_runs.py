@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -43,3 +44,22 @@ class StepProbe:
 
     def close(self) -> None:
         pass
+
+
+def run_within(job, seconds: float):
+    """`job.run()` in a daemon thread: a run that wedges fails the test instead of hanging it."""
+    out: dict = {}
+
+    def target():
+        try:
+            out["summary"] = job.run()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread
+            out["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"the run wedged: not finished after {seconds} s"
+    if "error" in out:
+        raise out["error"]
+    return out["summary"]

@@ -1,6 +1,6 @@
-"""`jaxrl_async.train cluster=ray`: real runs with the JAX engines in Ray actors, and one whose worker
-is killed mid-run (its groups must go through the planner's fault path and still be trained once,
-within η).
+"""`jaxrl_async.train cluster=ray`: real runs with the JAX engines in Ray actors, one whose worker
+is killed mid-run and one whose worker is stopped (SIGSTOP: alive to Ray, answering nothing) —
+either way its groups must go through the planner's fault path and still be trained once, within η.
 
 Runs against the cluster in RAY_ADDRESS (CI: the loopback head that .ci/run starts) or a private
 local one. Each run: 2 workers, tiny model, 6 steps of 2 groups x 4 samples, η = 1.
@@ -8,6 +8,7 @@ local one. Each run: 2 workers, tiny model, 6 steps of 2 groups x 4 samples, η 
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 from pathlib import Path
@@ -22,7 +23,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 from jaxrl_async.train import TrainJob, typed_config  # noqa: E402
 from planner.audit import audit  # noqa: E402
-from tests.helpers.train_runs import StepProbe, compose_train, read_jsonl  # noqa: E402
+from tests.helpers.train_runs import StepProbe, compose_train, read_jsonl, run_within  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")
 ETA = 1
@@ -37,8 +38,8 @@ def ray_session():
     ray.shutdown()
 
 
-def _job(run_dir: Path) -> TrainJob:
-    return TrainJob(typed_config(compose_train(RUN)), run_dir)
+def _job(run_dir: Path, extra: tuple[str, ...] = ()) -> TrainJob:
+    return TrainJob(typed_config(compose_train(RUN + list(extra))), run_dir)
 
 
 def _assert_strict_and_complete(run_dir: Path, summary: dict) -> None:
@@ -95,3 +96,44 @@ def test_a_killed_generation_worker_costs_no_group_and_keeps_the_bound(tmp_path)
     assert summary["groups_readmitted"] == readmissions
     _assert_strict_and_complete(tmp_path, summary)
     assert audit(tmp_path, ETA).readmissions == readmissions
+
+
+def test_a_stopped_generation_worker_is_found_by_its_rpc_timeout_replaced_and_costs_no_group(tmp_path, caplog):
+    job = _job(tmp_path, ("cluster.rpc_timeout_s=5",))
+    proxy = job.controller.engine
+    stopped: list[dict[str, object]] = []
+
+    def stop_a_busy_worker(record: dict) -> None:
+        """After a step, SIGSTOP the busiest worker (once): its process lives on, answering nothing."""
+        if stopped:
+            return
+        busy = [w for w in proxy.workers if w.alive and w.live]
+        if busy:
+            worker = max(busy, key=lambda w: len(w.live))
+            stopped.append({"pid": worker.pid, "step": record["step"], "requests": sorted(worker.live)})
+            os.kill(worker.pid, signal.SIGSTOP)
+
+    job.controller.sinks.append(StepProbe(stop_a_busy_worker))
+    caplog.set_level(logging.WARNING, logger="jaxrl_async.cluster.ray")
+    try:
+        summary = run_within(job, 300)  # a proxy that waits on the stopped worker wedges the run: fail, not hang
+    finally:
+        for s in stopped:  # never leave a stopped process behind, whatever happened
+            try:
+                os.kill(s["pid"], signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    assert stopped, "no step ended with a worker holding requests: nothing was stopped"
+    pid = stopped[0]["pid"]
+    timeouts = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert any(f"(pid {pid}) did not answer" in m and "within" in m for m in timeouts), timeouts
+    assert pid not in {w.pid for w in proxy.workers}, "the stopped worker was not replaced"
+    ledger = read_jsonl(tmp_path / "ledger.jsonl")
+    admits = [e["uid"] for e in ledger if e["event"] == "admit"]
+    trained = [g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]]
+    held = {int(r.split(".")[0]) for r in stopped[0]["requests"]}
+    lost_uids = {uid for uid in admits if admits.count(uid) >= 2}
+    assert lost_uids and lost_uids <= held, (stopped, admits)
+    assert all(trained.count(uid) == 1 for uid in lost_uids)
+    _assert_strict_and_complete(tmp_path, summary)

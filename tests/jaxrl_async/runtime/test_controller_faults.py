@@ -1,5 +1,7 @@
-"""Faults a real run must survive: a bad reward function, and a non-finite loss."""
+"""Faults a real run must survive: a bad reward function, a non-finite loss, a request the engine
+never returns, and an engine that stops streaming."""
 
+import logging
 import math
 import time
 from collections.abc import AsyncIterator
@@ -9,8 +11,10 @@ import numpy as np
 import pytest
 
 from jaxrl_async.engines.base import GenerationEngine, SampleOutput
+from jaxrl_async.runtime.liveness import EngineHungError
 from planner.audit import audit
-from tests.helpers.train_runs import StepProbe, make_job, read_jsonl
+from tests.helpers.engines import SilentRequestEngine, SlowRequestEngine
+from tests.helpers.train_runs import StepProbe, make_job, read_jsonl, run_within
 
 pytestmark = pytest.mark.slow
 
@@ -92,3 +96,52 @@ def test_a_nan_loss_skips_the_step_reports_it_and_leaves_the_weights_unchanged(t
     assert metrics[0]["skipped"] == 1 and metrics[0]["loss"] is None  # NaN is written as null
     report = audit(tmp_path, 0)
     assert report.ok and report.max_token_staleness == 0, report.verdict()
+
+
+@pytest.mark.parametrize("after", [0, 1], ids=["never-started", "stuck-mid-generation"])
+def test_a_request_the_engine_never_returns_is_regenerated_after_the_stall_timeout_and_trained_once(
+        tmp_path, caplog, after):
+    # η = 1 with B = 2: group 1 belongs to batch 0, which cannot be trained without it, so the run
+    # would wedge (no policy here drops it) unless the watchdog regenerates it.
+    job = make_job(tmp_path, SMALL + ["max_staleness=1", "rollout.stall_timeout_s=2"])
+    engine = SilentRequestEngine(job.controller.engine, "1.0", after=after)
+    job.controller.engine = engine
+    caplog.set_level(logging.WARNING, logger="jaxrl_async.runtime.controller")
+    t0 = time.monotonic()
+    summary = run_within(job, 90)
+    assert engine.swallowed > 0  # the engine really kept pieces of request 1.0 back
+    assert summary["completed"] and summary["steps"] == 4 and summary["audit_ok"], summary
+    assert summary["groups_stalled"] >= 1 and summary["groups_readmitted"] == summary["groups_stalled"]
+    stalls = [r.getMessage() for r in caplog.records if "rollout stalled" in r.getMessage()]
+    assert any("group 1 (request 1.0) streamed no token for" in m for m in stalls), stalls
+    ledger = read_jsonl(tmp_path / "ledger.jsonl")
+    admits = [e["uid"] for e in ledger if e["event"] == "admit"]
+    trained = [g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]]
+    assert admits.count(1) >= 2 and trained.count(1) == 1
+    report = audit(tmp_path, 1)
+    assert report.ok and not report.lost and report.groups_dropped == 0 and report.readmissions >= 1, report.verdict()
+    assert read_jsonl(tmp_path / "metrics.jsonl")[-1]["groups_stalled"] == summary["groups_stalled"]
+    assert time.monotonic() - t0 < 120
+
+
+def test_an_engine_that_streams_nothing_any_more_ends_the_run_with_a_one_line_error(tmp_path):
+    job = make_job(tmp_path, SMALL + ["rollout.stall_timeout_s=1", "rollout.max_quiet_stalls=2"])
+    engine = SilentRequestEngine(job.controller.engine, None, after=3)  # hangs after three pieces
+    job.controller.engine = engine
+    t0 = time.monotonic()
+    with pytest.raises(EngineHungError, match=r"rollout: the engine streamed no token for \d+ s through 2 stall "
+                                              r"rounds") as info:
+        run_within(job, 90)
+    assert engine.swallowed > 0 and "\n" not in str(info.value) and isinstance(info.value, ConnectionError)
+    assert time.monotonic() - t0 < 120
+
+
+def test_a_slow_group_that_keeps_streaming_is_never_taken_for_stalled(tmp_path):
+    # Group 0's pieces arrive 1.5 s apart: it generates for longer than the timeout while never
+    # going quiet for it.
+    job = make_job(tmp_path, SMALL + ["rollout.stall_timeout_s=4"])
+    engine = SlowRequestEngine(job.controller.engine, "0.0", delay_s=1.5)
+    job.controller.engine = engine
+    summary = run_within(job, 90)
+    assert engine.pieces * engine.delay_s > 4, engine.pieces  # it really took longer than the timeout
+    assert summary["groups_stalled"] == 0 and summary["groups_readmitted"] == 0 and summary["audit_ok"]

@@ -21,10 +21,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from planner.audit import audit
+from planner.configs import build
+from planner.sim.config import FaultConfig
 from planner.simulate import SimulateConfig, run_simulation
 
 STRICT_BASELINES = ("verl_drop", "trl", "roll", "prime_rl", "nemo_windowed", "nemo_weight_fifo", "nemo_in_order")
@@ -131,3 +133,49 @@ def test_every_strict_baseline_keeps_the_bound_and_finishes(name, mapping):
     assert not result.deadlock, result.summary
     assert report.max_token_staleness <= mapping["max_staleness"], report.verdict()
     assert report.ok, report.verdict()
+
+
+def with_stalls(mapping, stall_prob, stall_timeout_s):
+    """`mapping` with attempts that hang on their worker and the runtime's stall watchdog."""
+    sim = mapping["sim"]
+    return {**mapping, "sim": {**sim, "faults": {**sim["faults"], "stall_prob": stall_prob,
+                                                 "stall_timeout_s": stall_timeout_s}}}
+
+
+STALL_PROBS = st.sampled_from((0.2, 0.5, 0.8))
+STALL_TIMEOUTS = st.sampled_from((0.5, 10.0, 200.0))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(mapping=runs(LOOKAHEAD_PARAMS), stall_prob=STALL_PROBS, stall_timeout_s=STALL_TIMEOUTS)
+def test_lookahead_with_never_finishing_attempts_finishes_keeps_the_bound_and_loses_nothing(
+        mapping, stall_prob, stall_timeout_s):
+    config, result, report = simulate_and_audit("lookahead", with_stalls(mapping, stall_prob, stall_timeout_s))
+    ctx, s = config.ctx, result.summary
+    assert not result.deadlock, s
+    assume(s["groups_stalled"] > 0)  # the case under test: some attempt really hung and was regenerated
+    assert report.ok, report.verdict()
+    assert report.max_token_staleness <= ctx.max_staleness, report.verdict()
+    assert s["groups_dropped"] == report.groups_dropped == 0, s["drops_by_reason"]
+    assert report.lost == [] and s["groups_lost"] == 0
+    assert report.readmissions >= s["groups_stalled"]
+    assert s["groups_trained"] == report.groups_trained == ctx.batch_groups * ctx.total_steps
+
+
+@pytest.mark.parametrize("name", STRICT_BASELINES)
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(mapping=runs(), stall_prob=STALL_PROBS, stall_timeout_s=STALL_TIMEOUTS)
+def test_every_strict_baseline_with_never_finishing_attempts_finishes_and_keeps_the_bound(
+        name, mapping, stall_prob, stall_timeout_s):
+    _, result, report = simulate_and_audit(name, with_stalls(mapping, stall_prob, stall_timeout_s))
+    assert not result.deadlock, result.summary
+    assume(result.summary["groups_stalled"] > 0)
+    assert report.max_token_staleness <= mapping["max_staleness"], report.verdict()
+    assert report.ok and report.lost == [], report.verdict()
+
+
+def test_without_a_stall_watchdog_a_hung_attempt_is_a_one_line_config_error():
+    with pytest.raises(ValueError, match=r"sim.faults.stall_timeout_s=None: must be set when sim.faults.stall_prob "
+                                         r"> 0") as info:
+        build(FaultConfig, {"stall_prob": 0.5, "stall_timeout_s": None}, "sim.faults")
+    assert "\n" not in str(info.value)
