@@ -167,7 +167,8 @@ def check_tree(saved: Any, template: Any) -> None:
                 for path, leaf in leaves}
 
     have, want = by_path(saved), by_path(template)
-    for path in sorted(have.keys() | want.keys()):
+    # The model's own arrays first: they are what the user recognises (the optimizer's mirror them).
+    for path in sorted(have.keys() | want.keys(), key=lambda p: (not p.startswith("params/"), p)):
         if path not in have:
             raise TreeMismatch(f"{path} (shape {want[path]}) is not in the checkpoint")
         if path not in want:

@@ -494,8 +494,9 @@ def _main(cfg: DictConfig) -> None:
     except OSError as e:  # a disk that fails outside a checkpoint (the ledger, metrics): names the file
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:  # Ctrl-C before the run's own handler is installed: nothing trained yet
-        print("error: interrupted while starting (no step trained, no checkpoint written)", file=sys.stderr)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (start-up, export, audit)
+        print("error: interrupted outside the training loop; the newest checkpoint in the run dir, if any, "
+              "is the resume point", file=sys.stderr)
         sys.exit(130)
     if out is None:  # a follower process: process 0 reports the run
         return

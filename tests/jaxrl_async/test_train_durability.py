@@ -104,3 +104,162 @@ def test_a_run_killed_at_three_points_and_resumed_trains_the_same_prompts_as_an_
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["completed"] and summary["audit_ok"]
     assert [m["step"] for m in lines(run_dir / "metrics.jsonl")] == list(range(STEPS))
+
+
+SHORT = ["steps=8", "batch_groups=2", "group_size=4", "max_new_tokens=8", "max_staleness=1"]
+
+
+def error_lines(log: str) -> list[str]:
+    return [line for line in log.splitlines() if line.startswith("error:")]
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_once_on_one_dir_one_runs_and_the_other_fails_in_one_line(tmp_path):
+    run_dir = tmp_path / "run"
+    procs = [launch(run_dir, *SHORT) for _ in range(2)]
+    logs = [p.communicate(timeout=400)[0] for p in procs]
+    codes = sorted(p.returncode for p in procs)
+    assert codes == [0, 1], logs
+    winner, loser = (0, 1) if procs[0].returncode == 0 else (1, 0)
+    assert error_lines(logs[loser]) == [
+        f"error: hydra.run.dir={run_dir}: in use by another run (pid {procs[winner].pid} on {os.uname().nodename}); "
+        "wait for it to end or choose another hydra.run.dir"], logs[loser]
+    assert "Traceback" not in logs[loser]
+    # The winner's files are its own: one run's metrics, a clean audit.
+    assert [m["step"] for m in lines(run_dir / "metrics.jsonl")] == list(range(8))
+    assert audit(run_dir, 1).ok
+
+
+@pytest.mark.slow
+def test_sigint_checkpoints_and_stops_cleanly_and_the_run_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, *RUN)
+    wait_until(proc, lambda: len(lines(run_dir / "metrics.jsonl")) >= 3, "3 steps were trained")
+    proc.send_signal(signal.SIGINT)
+    log = finish(proc)
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log
+    assert "SIGINT: stopping at the next step boundary with a checkpoint" in log
+    stopped = json.loads((run_dir / "summary.json").read_text())
+    assert not stopped["completed"] and 3 <= stopped["steps"] < STEPS
+    assert max(finished_checkpoints(run_dir)) == stopped["steps"]
+
+    finish(launch(run_dir, *RUN, "resume=true"))
+    report = audit(run_dir, ETA)
+    assert report.ok and report.steps == STEPS and not report.lost, report.verdict()
+
+
+@pytest.mark.slow
+def test_a_second_sigint_exits_at_once_and_the_last_checkpoint_resumes(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = launch(run_dir, *RUN)
+    wait_until(proc, lambda: 1 in finished_checkpoints(run_dir) and len(trained_steps(run_dir)) >= 3,
+               "the first checkpoint and 3 steps")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.02)  # two signals sent at once are one (the kernel does not queue them)
+    proc.send_signal(signal.SIGINT)
+    log = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 128 + signal.SIGINT, log[-3000:]
+    # Mostly the second lands while the first stop waits for the step; when the stop was already
+    # done, it interrupts the end of the process, also in one line.
+    assert "SIGINT again: exiting now without a checkpoint" in log or error_lines(log), log[-3000:]
+    assert "Traceback" not in log
+
+    finish(launch(run_dir, *RUN, "resume=true"))
+    report = audit(run_dir, ETA)
+    assert report.ok and report.steps == STEPS and not report.lost and not report.trained_twice, report.verdict()
+
+
+def make_unwritable(folder: Path) -> None:
+    """A directory nobody may write into: chmod for a user; for root (whom modes do not stop) the
+    immutable attribute."""
+    if os.geteuid() == 0:
+        if shutil.which("chattr") is None:
+            pytest.skip("running as root without chattr: cannot make a directory read-only")
+        subprocess.run(["chattr", "+i", str(folder)], check=True)
+    else:
+        folder.chmod(0o555)
+
+
+def make_writable(folder: Path) -> None:
+    if os.geteuid() == 0:
+        subprocess.run(["chattr", "-i", str(folder)], check=True)
+    folder.chmod(0o755)
+
+
+@pytest.mark.slow
+def test_a_read_only_checkpoint_dir_is_one_line_naming_it_and_the_run_resumes_once_writable(tmp_path):
+    run_dir = tmp_path / "run"
+    folder = run_dir / "checkpoints"
+    proc = launch(run_dir, *RUN)
+    wait_until(proc, lambda: 1 in finished_checkpoints(run_dir), "the first checkpoint")
+    make_unwritable(folder)
+    try:
+        log = proc.communicate(timeout=300)[0]
+    finally:
+        make_writable(folder)
+    assert proc.returncode == 1, log[-3000:]
+    errors = error_lines(log)
+    assert len(errors) == 1 and errors[0].startswith(f"error: checkpoint: cannot write {folder}: [Errno "), log
+    assert "EPERM" in errors[0] or "EACCES" in errors[0]
+    assert "Traceback" not in log
+
+    finish(launch(run_dir, *RUN, "resume=true"))  # nothing lost: the step-1 checkpoint continues it
+    report = audit(run_dir, ETA)
+    assert report.ok and report.steps == STEPS and not report.lost, report.verdict()
+
+
+# ---------------------------------------------------------------------------------- resume checks
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A 2-step run (checkpoints after step 1 and at the end) that resumes compare against."""
+    from tests.helpers.train_runs import make_job
+
+    run_dir = tmp_path_factory.mktemp("finished")
+    job = make_job(run_dir, ["steps=2", "batch_groups=2", "group_size=4", "max_new_tokens=4"])
+    assert job.run()["completed"]
+    return run_dir
+
+
+def resume_job(run_dir: Path, *overrides: str):
+    from tests.helpers.train_runs import make_job
+
+    return make_job(run_dir, ["steps=3", "batch_groups=2", "group_size=4", "max_new_tokens=4", "resume=true",
+                              *overrides])
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_model_is_one_line_naming_the_source_and_the_first_differing_array(
+        finished_run, tmp_path):
+    from jaxrl_async.models.config import ModelConfig
+    from jaxrl_async.models.hf_weights import save_hf
+    from jaxrl_async.models.loading import build_model, load_model
+
+    cfg = ModelConfig.tiny(intermediate_size=96)
+    other = save_hf(build_model(cfg), cfg, tmp_path / "other", load_model("tiny").tokenizer)
+    with pytest.raises(ValueError) as info:
+        resume_job(finished_run, f"model.source={other}")
+    assert str(info.value) == (
+        f"resume: model.source='{other}' does not fit the checkpoint: params/layers/w_down has shape "
+        "(2, 128, 64) in the checkpoint, (2, 96, 64) in this model; resume with the checkpointed run's model")
+
+
+@pytest.mark.slow
+def test_a_resume_that_changes_sampling_or_the_learning_rate_warns_listing_the_changes(finished_run, caplog):
+    with caplog.at_level("WARNING", logger="jaxrl_async.train"):
+        job = resume_job(finished_run, "trainer.optim.lr=0.001", "temperature=0.7")
+    job.release()
+    warnings = [r.getMessage() for r in caplog.records if r.name == "jaxrl_async.train"]
+    assert warnings == ["resume: settings changed since the checkpoint: trainer.optim.lr: 0.005 -> 0.001; "
+                        "temperature: 1.0 -> 0.7"]
+
+
+@pytest.mark.slow
+def test_a_resume_on_other_task_data_or_another_seed_is_refused_in_one_line(finished_run, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"prompt": "say a", "answer": "a"}\n')
+    with pytest.raises(ValueError, match=r"^resume: the task's data \(task\.\*\) differs from the checkpointed "
+                                         r"run's; resume with the same setting$"):
+        resume_job(finished_run, "task=custom", f"task.path={data}")
+    with pytest.raises(ValueError, match=r"^resume: seed=1 but the checkpointed run has seed=0; "):
+        resume_job(finished_run, "seed=1")
+    resume_job(finished_run).release()  # the lock of every refused job was given back
