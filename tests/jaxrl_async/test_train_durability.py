@@ -19,6 +19,7 @@ from planner.audit import audit
 from tests.helpers.cli_runs import (
     finished_checkpoints, launch, lines, saving_checkpoints, trained_prompts, trained_steps, untrained_admits,
     wait_until)
+from tests.helpers.train_runs import StepProbe
 
 STEPS, ETA = 16, 1
 # One group decodes at a time (4 slots, 4 samples) and completions are long: generation, not the
@@ -216,14 +217,22 @@ def finished_run(tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("finished")
     job = make_job(run_dir, ["steps=2", "batch_groups=2", "group_size=4", "max_new_tokens=4"])
+    on_disk = []  # at each metrics record: the steps the ledger file holds (no flush of ours in between)
+    job.controller.sinks.insert(0, StepProbe(lambda record: on_disk.append((record["step"], trained_steps(run_dir)))))
     assert job.run()["completed"]
-    return run_dir
+    return run_dir, on_disk
 
 
-def resume_job(run_dir: Path, *overrides: str):
+@pytest.mark.slow
+def test_a_steps_train_event_is_on_disk_before_its_metrics_record(finished_run):
+    _, on_disk = finished_run
+    assert on_disk == [(0, [0]), (1, [0, 1])]
+
+
+def resume_job(finished: tuple[Path, list], *overrides: str):
     from tests.helpers.train_runs import make_job
 
-    return make_job(run_dir, ["steps=3", "batch_groups=2", "group_size=4", "max_new_tokens=4", "resume=true",
+    return make_job(finished[0], ["steps=3", "batch_groups=2", "group_size=4", "max_new_tokens=4", "resume=true",
                               *overrides])
 
 
