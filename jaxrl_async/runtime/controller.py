@@ -30,7 +30,7 @@ path, `on_group_lost(prefix_kept=False)`: its collected pieces are discarded and
 re-admission (a new request id, with its start barrier `Admission.version`) is submitted, so the
 group is regenerated from scratch, the bound holds and nothing is dropped.
 
-Stopping: `request_stop()` (SIGTERM) lets a running step finish, saves a checkpoint and ends the
+Stopping: `request_stop()` (SIGTERM, SIGINT) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
 planner's fault path (`on_group_lost(prefix_kept=False)`), done ones keep their samples.
 """
