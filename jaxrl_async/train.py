@@ -441,7 +441,8 @@ def _check_compatible(meta: Mapping[str, Any], now: Mapping[str, Any]) -> list[s
             what = "the task's data (task.*) differs from" if key == "task_data" else f"{key}={now[key]!r} but"
             had = "the checkpointed run's" if key == "task_data" else f"the checkpointed run has {key}={saved[key]!r}"
             raise ValueError(f"resume: {what} {had}; resume with the same setting")
-    return [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in WARNED_CHANGES if key in saved and saved[key] != now[key]]
+    return [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in WARNED_CHANGES
+            if key in saved and saved[key] != now[key]]
 
 
 def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
