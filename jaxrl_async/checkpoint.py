@@ -14,17 +14,54 @@ Saves are asynchronous (orbax writes in the background after copying the arrays 
 the newest `keep` are kept, and `wait()` blocks until the last one is on disk. Nothing random
 needs saving besides the seed: the runtime derives every sampling seed from (seed, uid, attempt).
 
-Restoring checks the arrays against the current trainer's tree (`Trainer.load_state_dict`).
+Cadence (`due`): after step 1 — so that a run killed at any later point has a checkpoint to
+resume from — then every `every` steps, on a stop (SIGTERM, SIGINT) and at the end
+(docs/fault_tolerance.md). A save interrupted by a kill leaves orbax's `*.orbax-checkpoint-tmp*`
+folder, never a finished-looking step; `latest_step` ignores it and the next manager removes it.
+
+Restoring reads `meta` first (`read_meta`: the entry point checks the run's settings before any
+array is touched), then checks the checkpoint's array tree against the current trainer's — path,
+shape — and names the first mismatch in one line (`TreeMismatch`) instead of orbax's tree diff.
+
+Disk errors (a read-only or full disk, a missing mount) surface as one line naming the checkpoint
+directory and the errno (`CheckpointWriteError`). orbax also logs each such failure with its
+traceback from its background threads; those log records are dropped, the one line replaces them.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
+
+
+class CheckpointWriteError(ValueError):
+    """The checkpoint directory cannot be written (or read): one line with the errno."""
+
+
+class TreeMismatch(ValueError):
+    """The checkpoint's arrays do not fit the current trainer: the first differing path or shape."""
+
+
+class _DropOrbaxDiskErrors(logging.Filter):
+    """orbax logs an OSError of its background save with a full traceback, once per thread; the
+    Checkpointer re-raises it as one `CheckpointWriteError` line, so those records are dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(error, OSError) and "orbax" in record.pathname)
+
+
+_ORBAX_FILTER = _DropOrbaxDiskErrors()
+logging.getLogger("absl").addFilter(_ORBAX_FILTER)
 
 
 class Checkpointer:
@@ -35,45 +72,109 @@ class Checkpointer:
             raise ValueError(f"checkpoint_every={every}: must be >= 0 (0 = only on stop and at the end)")
         self.directory = Path(run_dir).absolute() / CHECKPOINT_DIR
         self.every = every
-        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True)
-        self._manager = ocp.CheckpointManager(self.directory, options=options, item_names=("trainer", "meta"))
+        self._failed = False  # a save failed: reported once, `close` does not raise it again
+        options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True,
+                                               cleanup_tmp_directories=True)
+        with self._disk_errors():
+            self._manager = ocp.CheckpointManager(
+                self.directory, options=options,
+                item_handlers={"trainer": ocp.StandardCheckpointHandler(), "meta": ocp.JsonCheckpointHandler()})
+
+    @contextlib.contextmanager
+    def _disk_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:
+            self._failed = True
+            code = errno.errorcode.get(e.errno, "?") if e.errno is not None else "?"
+            raise CheckpointWriteError(f"checkpoint: cannot write {self.directory}: [Errno {e.errno} {code}] "
+                                       f"{e.strerror or e}") from None
 
     def due(self, steps_done: int) -> bool:
-        """Whether the periodic policy saves after `steps_done` steps."""
-        return self.every > 0 and steps_done % self.every == 0
+        """Whether the periodic policy saves after `steps_done` steps: after the first step, then
+        every `every` steps (0: never; only stops and the end save)."""
+        return self.every > 0 and (steps_done == 1 or steps_done % self.every == 0)
 
     def save(self, steps_done: int, trainer_state: dict[str, Any], meta: dict[str, Any]) -> None:
-        """Start saving; returns once the arrays are copied (the trainer may then donate them)."""
+        """Start saving; returns once the arrays are copied (the trainer may then donate them).
+        An earlier background save that failed raises here (`CheckpointWriteError`)."""
         arrays = {k: v for k, v in trainer_state.items() if k != "version"}
         meta = {**meta, "trainer_version": int(trainer_state["version"])}
-        self._manager.save(
-            steps_done,
-            args=ocp.args.Composite(trainer=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
+        with self._disk_errors():
+            self._manager.save(
+                steps_done,
+                args=ocp.args.Composite(trainer=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
 
     def latest_step(self) -> int | None:
-        return self._manager.latest_step()
+        with self._disk_errors():
+            return self._manager.latest_step()
 
-    def restore(self, trainer_template: dict[str, Any], step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-        """(trainer state for `Trainer.load_state_dict`, meta) of `step` (default: the newest)."""
+    def _step(self, step: int | None) -> int:
         step = self.latest_step() if step is None else step
         if step is None:
             raise ValueError(f"resume: no checkpoint in {self.directory}")
+        return step
+
+    def read_meta(self, step: int | None = None) -> dict[str, Any]:
+        """The JSON meta of `step` (default: the newest), without reading any array."""
+        step = self._step(step)
+        with self._disk_errors():
+            restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        return dict(restored["meta"])
+
+    def restore(self, trainer_template: dict[str, Any], step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(trainer state for `Trainer.load_state_dict`, meta) of `step` (default: the newest).
+        Arrays whose paths or shapes differ from `trainer_template` raise `TreeMismatch`."""
+        step = self._step(step)
         template = {k: v for k, v in trainer_template.items() if k != "version"}
-        restored = self._manager.restore(
-            step,
-            args=ocp.args.Composite(trainer=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()),
-        )
+        with self._disk_errors():
+            saved = self._manager.item_metadata(step)["trainer"]
+        check_tree(getattr(saved, "tree", saved), template)
+        with self._disk_errors():
+            restored = self._manager.restore(
+                step,
+                args=ocp.args.Composite(trainer=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()),
+            )
         meta = dict(restored["meta"])
         return {**restored["trainer"], "version": meta["trainer_version"]}, meta
 
     def wait(self) -> None:
-        self._manager.wait_until_finished()
+        with self._disk_errors():
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Wait for the last save and release orbax's threads. A failed save raises once: when it
+        was already reported (by `save` or `wait`), `close` only cleans up."""
+        reported = self._failed
+        try:
+            self.wait()
+        except CheckpointWriteError:
+            if not reported:
+                raise
+        finally:
+            with contextlib.suppress(OSError):
+                self._manager.close()
+
+
+def check_tree(saved: Any, template: Any) -> None:
+    """`TreeMismatch` naming the first array path that one tree has and the other lacks, or whose
+    shape differs; silent when they fit."""
+    def by_path(tree: Any) -> dict[str, tuple[int, ...]]:
+        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
+        return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): tuple(leaf.shape)
+                for path, leaf in leaves}
+
+    have, want = by_path(saved), by_path(template)
+    # The model's own arrays first: they are what the user recognises (the optimizer's mirror them).
+    for path in sorted(have.keys() | want.keys(), key=lambda p: (not p.startswith("params/"), p)):
+        if path not in have:
+            raise TreeMismatch(f"{path} (shape {want[path]}) is not in the checkpoint")
+        if path not in want:
+            raise TreeMismatch(f"the checkpoint's {path} (shape {have[path]}) is not in this model")
+        if have[path] != want[path]:
+            raise TreeMismatch(f"{path} has shape {have[path]} in the checkpoint, {want[path]} in this model")
 
 
 def truncate(path: Path, size: int) -> None:

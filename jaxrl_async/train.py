@@ -13,22 +13,29 @@ error. `TrainJob` builds the components, runs the `Controller`, and ends the run
     run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
     run_dir/metrics.jsonl    one record per step;  run_dir/tb/ the same in TensorBoard
     run_dir/summary.json     docs/design.md §8 keys (+ extensions, + the audit's verdict)
-    run_dir/checkpoints/     orbax (every `checkpoint_every` steps, on SIGTERM, at the end)
+    run_dir/checkpoints/     orbax (after step 1, every `checkpoint_every` steps, on SIGTERM or
+                             SIGINT, at the end)
     run_dir/hf/              the final policy as HF safetensors (export_hf)
+    run_dir/run.lock         held by the run that owns the directory (jaxrl_async/run_dir.py)
 
 In a job of several processes only process 0 writes these; the others follow it in lockstep.
 
 and prints the audit's verdict: max staleness vs η, drops, lost and twice-trained groups. Exit
-status: 0 when the run finished and the audit passed (or the run stopped on SIGTERM with a
-checkpoint), 1 otherwise. `resume=true` (with `hydra.run.dir=DIR`) or `resume=DIR` continues the
-run in DIR from its newest checkpoint: same ledger, same metrics, the step count continues.
+status: 0 when the run finished and the audit passed (or the run stopped on SIGTERM / SIGINT with
+a checkpoint), 1 otherwise. `resume=true` (with `hydra.run.dir=DIR`) or `resume=DIR` continues the
+run in DIR from its newest checkpoint: same ledger, same metrics, the step count continues; a run
+that never saved one starts afresh, its files set aside. What survives a kill, what a resume
+checks: docs/fault_tolerance.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
+import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -40,6 +47,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -122,26 +130,55 @@ class TrainJob:
     def __init__(self, setup: TrainSetup, run_dir: str | Path) -> None:
         import jax
 
-        from jaxrl_async.checkpoint import Checkpointer, truncate
         from jaxrl_async.cluster.distributed import initialize_distributed
+        from jaxrl_async.run_dir import RunDirLock
+
+        self.setup = setup
+        self.run_dir = Path(run_dir).absolute()
+        # Before anything touches a device: after it, jax.devices() spans every process.
+        initialize_distributed(setup.cluster.distributed)
+        self.leader = jax.process_index() == 0
+        # Process 0 owns the directory from here to the run's end: a second run on it stops here.
+        self._lock = RunDirLock(self.run_dir) if self.leader else None
+        if self._lock is not None:
+            self._lock.acquire()
+        self._stopping = False
+        try:
+            self._build(setup)
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """Give up the run directory (at the run's end; the OS does it when the process dies)."""
+        if self._lock is not None:
+            self._lock.release()
+
+    def _build(self, setup: TrainSetup) -> None:
+        from jaxrl_async.checkpoint import Checkpointer, TreeMismatch, truncate
         from jaxrl_async.cluster.placement import plan_placement
         from jaxrl_async.models.loading import load_model
+        from jaxrl_async.run_dir import set_aside
         from jaxrl_async.runtime.metrics import METRICS_FILE
         from jaxrl_async.tasks import build_task
         from jaxrl_async.trainer.trainer import Trainer
         from planner.ledger import LEDGER_FILE
 
         run = setup.run
-        self.setup = setup
-        self.run_dir = Path(run_dir).absolute()
         resuming = bool(run.resume)
-        # Before anything touches a device: after it, jax.devices() spans every process.
-        initialize_distributed(setup.cluster.distributed)
-        self.leader = jax.process_index() == 0
         if self.leader and not resuming and (self.run_dir / LEDGER_FILE).exists():
             raise ValueError(f"hydra.run.dir={self.run_dir}: already holds a run; pass resume=true to continue it "
-                             "or choose another hydra.run.dir")
+                             "(or to start it afresh if it never saved a checkpoint) or choose another hydra.run.dir")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if resuming and Checkpointer(self.run_dir).latest_step() is None:
+            # Killed before its first save: nothing to continue. Every process decides alike.
+            resuming = False
+            where = set_aside(self.run_dir) if self.leader else None
+            if self.leader:
+                log.warning("resume: no checkpoint in %s (the run stopped before its first save); starting afresh%s",
+                            self.run_dir / "checkpoints",
+                            f", the earlier attempt's files are in {where}" if where else "")
+        self.resumed = resuming
 
         # Data first: a bad dataset line must fail before minutes of compilation.
         self.task = build_task(setup.task)
@@ -167,8 +204,14 @@ class TrainJob:
 
         self._meta = None
         if resuming:  # every process restores its shards of the trainer state
-            trainer_state, self._meta = self.checkpointer.restore(self.trainer.state_dict())
-            _check_compatible(self._meta, run, setup.policy_name)
+            changes = _check_compatible(self.checkpointer.read_meta(), _run_meta(run, setup, self.task))
+            if changes and self.leader:
+                log.warning("resume: settings changed since the checkpoint: %s", "; ".join(changes))
+            try:
+                trainer_state, self._meta = self.checkpointer.restore(self.trainer.state_dict())
+            except TreeMismatch as e:
+                raise ValueError(f"resume: model.source={setup.model.source!r} does not fit the checkpoint: {e}; "
+                                 "resume with the checkpointed run's model") from None
             self.trainer.load_state_dict(trainer_state)
             if self.leader:
                 truncate(self.run_dir / LEDGER_FILE, self._meta["ledger_bytes"])
@@ -206,23 +249,44 @@ class TrainJob:
         self.controller = Controller(
             run, policy=driven, engine=self._engine, trainer=self.trainer, task=self.task, tokenizer=tokenizer,
             stream=stream, ledger=ledger, run_dir=self.run_dir, sinks=sinks, checkpointer=self.checkpointer,
-            stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype, run_config_meta=_run_meta(run, self.setup))
+            stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype,
+            run_config_meta=_run_meta(run, self.setup, self.task))
         if self._meta is not None:
             self.controller.load_checkpoint_meta(self._meta)
 
     async def _run(self):
         loop = asyncio.get_running_loop()
-        try:
-            loop.add_signal_handler(signal.SIGTERM, self.controller.request_stop)
-        except (RuntimeError, ValueError):  # not the main thread: the caller handles signals
-            pass
+        if self.setup.cluster.name == "ray":
+            from jaxrl_async.cluster.ray import connect
+
+            # ray.init installs its own SIGTERM handler (exit at once, no checkpoint): join Ray
+            # first, so that the handlers below replace it rather than the other way round.
+            connect(self.setup.cluster.ray)
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (RuntimeError, ValueError):  # not the main thread: the caller handles signals
+                pass
         try:
             return await self.controller.run()
         finally:
-            try:
-                loop.remove_signal_handler(signal.SIGTERM)
-            except (RuntimeError, ValueError):
-                pass
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: int) -> None:
+        """The first SIGTERM / SIGINT stops the run at the next step boundary with a checkpoint; a
+        second one exits at once (the logs are durable up to the last step, the checkpoint is the
+        last one finished)."""
+        name = signal.Signals(sig).name
+        if self._stopping:
+            log.warning("%s again: exiting now without a checkpoint (resume=%s continues from the last one)",
+                        name, self.run_dir)
+            os._exit(128 + sig)
+        self._stopping = True
+        log.warning("%s: stopping at the next step boundary with a checkpoint (%s again exits at once)", name, name)
+        self.controller.request_stop()
 
     def run(self) -> dict[str, Any] | None:
         """Run to the end (or to a stop); returns the summary (with the audit's fields when it
@@ -234,6 +298,7 @@ class TrainJob:
         finally:
             if self.channel is not None:
                 self.channel.send("stop")
+            self.release()
 
     def _follow(self) -> None:
         from jaxrl_async.cluster.lockstep import follow
@@ -252,12 +317,12 @@ class TrainJob:
         try:
             result = asyncio.run(self._run())
         finally:
-            self.checkpointer.close()
             self.controller.ledger.close()
             for sink in self.controller.sinks:
                 sink.close()
             if self.recorder is not None:
                 self.recorder.dump(self.run_dir / "policy_events.jsonl")
+            self.checkpointer.close()  # the last save is on disk (or its disk error raises here)
         run = self.setup.run
         extra: dict[str, Any] = {"completed": result.completed, "run_dir": str(self.run_dir),
                                  "placement": self.placement_summary()}
@@ -337,22 +402,47 @@ def make_generation_engine(setup: TrainSetup, loaded, placement, on_lost):
     return ReplicatedEngine(engines)
 
 
-def _run_meta(run, setup: TrainSetup) -> dict[str, Any]:
-    """What a resume must match: the planner's context and the policy."""
+# What a resume compares with the checkpoint (docs/fault_tolerance.md, "What a resume checks").
+# Refused: the planner's context and the data — the saved policy state, stream position and
+# untrained groups mean nothing under another B, n, η, seed, policy or dataset.
+REFUSED_CHANGES = ("policy", "batch_groups", "group_size", "max_staleness", "seed", "task_data", "steps")
+# Warned: a run may go on with another learning rate or sampling setting, or from a moved model
+# directory (a model that does not fit the checkpoint's arrays fails when they are restored).
+WARNED_CHANGES = ("model.source", "trainer.optim.lr", "temperature", "top_p", "max_new_tokens", "task")
+
+
+def _run_meta(run, setup: TrainSetup, task) -> dict[str, Any]:
+    """What a resume compares (`REFUSED_CHANGES`, `WARNED_CHANGES`); saved in every checkpoint."""
     return {"policy": setup.policy_name, "batch_groups": run.batch_groups, "group_size": run.group_size,
-            "max_staleness": run.max_staleness, "seed": run.seed}
+            "max_staleness": run.max_staleness, "seed": run.seed, "steps": run.steps,
+            "task_data": task_fingerprint(task), "model.source": setup.model.source,
+            "trainer.optim.lr": setup.trainer.optim.lr, "temperature": run.temperature, "top_p": run.top_p,
+            "max_new_tokens": run.max_new_tokens, "task": dict(setup.task)}
 
 
-def _check_compatible(meta: Mapping[str, Any], run, policy_name: str) -> None:
+def task_fingerprint(task) -> str:
+    """A hash of the task's examples (ids, contents, answers): equal iff the data is the same."""
+    digest = hashlib.sha256()
+    for e in task.examples():
+        digest.update(json.dumps([e.prompt_id, e.content, e.answer], sort_keys=True, default=str).encode())
+    return digest.hexdigest()[:16]
+
+
+def _check_compatible(meta: Mapping[str, Any], now: Mapping[str, Any]) -> list[str]:
+    """Raise a one-line ValueError for the first refused change; return the warned ones as
+    "key: saved -> now". Keys an older checkpoint lacks are not compared."""
     saved = meta["run"]
-    for key, value in {"policy": policy_name, "batch_groups": run.batch_groups, "group_size": run.group_size,
-                       "max_staleness": run.max_staleness, "seed": run.seed}.items():
-        if saved[key] != value:
-            raise ValueError(f"resume: {key}={value!r} but the checkpointed run has {key}={saved[key]!r}; "
-                             "resume with the same setting")
-    if meta["step"] >= run.steps:
-        raise ValueError(f"resume: steps={run.steps} but the checkpointed run has trained {meta['step']} steps; "
-                         "pass a larger steps= to train on")
+    for key in REFUSED_CHANGES:
+        if key == "steps":
+            if meta["step"] >= now["steps"]:
+                raise ValueError(f"resume: steps={now['steps']} but the checkpointed run has trained {meta['step']} "
+                                 "steps; pass a larger steps= to train on")
+        elif key in saved and saved[key] != now[key]:
+            what = "the task's data (task.*) differs from" if key == "task_data" else f"{key}={now[key]!r} but"
+            had = "the checkpointed run's" if key == "task_data" else f"the checkpointed run has {key}={saved[key]!r}"
+            raise ValueError(f"resume: {what} {had}; resume with the same setting")
+    return [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in WARNED_CHANGES
+            if key in saved and saved[key] != now[key]]
 
 
 def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
@@ -402,6 +492,13 @@ def _main(cfg: DictConfig) -> None:
     except (ValueError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
+    except OSError as e:  # a disk that fails outside a checkpoint (the ledger, metrics): names the file
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (start-up, export, audit)
+        print("error: interrupted outside the training loop; the newest checkpoint in the run dir, if any, "
+              "is the resume point", file=sys.stderr)
+        sys.exit(130)
     if out is None:  # a follower process: process 0 reports the run
         return
     print(final_report(out, job.run_dir / "metrics.jsonl"))

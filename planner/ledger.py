@@ -3,7 +3,7 @@
 Every path that trains — simulator or real runtime — writes `ledger.jsonl` through
 `LedgerWriter`, one JSON object a line, in event order:
 
-    {"event": "admit", "uid": U, "version": a, "deadline": d|null}
+    {"event": "admit", "uid": U, "version": a, "deadline": d|null, "prompt": id}
     {"event": "start", "uid": U, "version": v}                      (extension: engine start)
     {"event": "train", "step": k, "groups": [{"uid": U, "versions": [[v, tokens], ...]}, ...]}
     {"event": "drop",  "uid": U, "step": k, "reason": "...", "tokens": t[, "length": l]}
@@ -12,14 +12,23 @@ Every path that trains — simulator or real runtime — writes `ledger.jsonl` t
 `tokens` on a drop (an extension) is how many generated tokens the drop wasted. `length` (an
 extension, written by the simulator, which knows the workload's true lengths) is the group's
 whole completion length — what training it would have cost; the audit's length-bias certificate
-prefers it to `tokens`, a lower bound (docs/design.md §8.2). A re-admission
-of an untrained uid (after a worker fault) is a second `admit` line. The audit
-(`planner.audit`) recomputes everything from this file alone.
+prefers it to `tokens`, a lower bound (docs/design.md §8.2). `prompt` on an admit (an extension)
+is the prompt's id, so that the prompts a run trained can be compared with another run's, across
+restarts. A re-admission of an untrained uid (after a worker fault) is a second `admit` line. The
+audit (`planner.audit`) recomputes everything from this file alone.
+
+Durability: the writer buffers lines; `flush()` hands them to the operating system, which keeps
+them through a SIGKILL of the process, and `flush(sync=True)` also asks the disk to (fsync). The
+training runtime flushes at every step end, so a killed run loses at most the step in progress.
+A kill in the middle of a write leaves a torn last line (no newline at its end): `read_ledger`
+skips it, because it belongs to the step that was lost, and a resume cuts the file back to the
+checkpoint's length anyway (docs/fault_tolerance.md).
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -45,7 +54,8 @@ class LedgerWriter:
             self.flush()
 
     def admit(self, a: Admission) -> None:
-        self._write({"event": "admit", "uid": a.uid, "version": a.version, "deadline": a.deadline})
+        self._write({"event": "admit", "uid": a.uid, "version": a.version, "deadline": a.deadline,
+                     "prompt": a.prompt_id})
 
     def start(self, uid: int, version: int) -> None:
         self._write({"event": "start", "uid": uid, "version": version})
@@ -72,11 +82,15 @@ class LedgerWriter:
         for m in moves:
             self.move(m)
 
-    def flush(self) -> None:
+    def flush(self, *, sync: bool = False) -> None:
+        """Hand the buffered lines to the OS (enough to survive a SIGKILL); `sync`: also fsync, so
+        that they survive a machine crash."""
         if self._lines:
             self._fh.write("\n".join(self._lines) + "\n")
             self._lines.clear()
         self._fh.flush()
+        if sync:
+            os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         self.flush()
@@ -94,7 +108,10 @@ class LedgerError(ValueError):
 
 
 def read_ledger(path: str | Path) -> Iterator[dict[str, Any]]:
-    """Yield ledger events; a malformed line raises `LedgerError` naming file and line."""
+    """Yield ledger events; a malformed line raises `LedgerError` naming file and line.
+
+    A last line without its newline that is not valid JSON is a write torn by a kill: it is
+    skipped (the writer ends every line it completes with a newline)."""
     path = Path(path)
     with open(path, encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
@@ -103,6 +120,8 @@ def read_ledger(path: str | Path) -> Iterator[dict[str, Any]]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
+                if not line.endswith("\n"):
+                    return  # the torn last line
                 raise LedgerError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
             if not isinstance(obj, dict) or "event" not in obj:
                 raise LedgerError(f"{path}:{lineno}: missing field 'event'")

@@ -64,7 +64,11 @@ class RunConfig:
     top_p: float = 1.0  # nucleus sampling (1.0: off)
     # Candidates the policy sees at once (a lookahead policy may reorder them); null = 2·B.
     admission_window: int | None = None
-    checkpoint_every: int = 0  # save every this many steps (0: only on SIGTERM and at the end)
+    # Save after step 1 and then every this many steps, plus on SIGTERM / SIGINT and at the end
+    # (0: only those two). After step 1, so that a crash at any later point has a resume point;
+    # then every 50 steps, so that a crash loses at most 50 steps while the asynchronous saves
+    # stay a small fraction of the run (docs/fault_tolerance.md).
+    checkpoint_every: int = 50
     keep_checkpoints: int = 2  # orbax keeps the newest N
     resume: bool | str | None = None  # true: this run dir's latest checkpoint; a path: that run dir
     export_hf: bool = True  # write the final policy as HF safetensors into run_dir/hf/

@@ -36,7 +36,7 @@ each goes through the same fault path, with one warning line, counted as `groups
 engine that streams nothing through `rollout.max_quiet_stalls` stall rounds hangs: the run saves a
 checkpoint (when no step is training) and ends with a one-line `EngineHungError`.
 
-Stopping: `request_stop()` (SIGTERM) lets a running step finish, saves a checkpoint and ends the
+Stopping: `request_stop()` (SIGTERM, SIGINT) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
 planner's fault path (`on_group_lost(prefix_kept=False)`), done ones keep their samples.
 """
@@ -476,6 +476,9 @@ class Controller:
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
             await self._flush_engine_commands()
             timing = StepTiming(wait_s, train_s, overlap_s, start_s, start_s + train_s)
+            # The ledger before the metrics record: a kill between them leaves metrics.jsonl no
+            # longer than the ledger's steps (the audit compares the two).
+            self.ledger.flush(sync=True)
             await self._record(step, groups, hist, metrics, timing)
         if not last:
             await self._push(version)
@@ -501,6 +504,9 @@ class Controller:
                 await self.save_checkpoint()
             await self._flush_engine_commands()
             await self._settle()
+            # Durable up to this completed step (and the next step's admissions): a SIGKILL from
+            # here on loses at most the step in progress (docs/fault_tolerance.md).
+            self.ledger.flush(sync=True)
 
     async def _push(self, version: int) -> None:
         """Publish the trainer's weights as `version` to the engine; returns once it holds them.
@@ -565,7 +571,7 @@ class Controller:
         """Save at a step boundary (between the events, under the lock): see `runtime.state`."""
         if self.checkpointer is None:
             return
-        self.ledger.flush()
+        self.ledger.flush(sync=True)
         meta = to_json(self.snapshot(await self._stats_now()))
         self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -157,7 +158,9 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 class JsonlSink:
-    """`metrics.jsonl`: one object per step, appended (a resumed run continues the file)."""
+    """`metrics.jsonl`: one object per step, appended (a resumed run continues the file). Each
+    record is written whole and synced to disk at once (one a step), so a kill loses at most the
+    record being written; a torn one is cut off by the resume (`checkpoint.truncate`)."""
 
     def __init__(self, path: Path, *, append: bool) -> None:
         self.path = path
@@ -167,6 +170,7 @@ class JsonlSink:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._fh.write(json.dumps(clean) + "\n")
         self._fh.flush()
+        os.fsync(self._fh.fileno())
 
     def close(self) -> None:
         self._fh.close()

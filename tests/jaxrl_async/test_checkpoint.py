@@ -79,6 +79,69 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
     assert ckpt.due(6) and not ckpt.due(7)
 
 
+def test_the_cadence_saves_after_the_first_step_then_every_n():
+    ckpt = Checkpointer.__new__(Checkpointer)
+    ckpt.every = 5
+    assert [n for n in range(1, 16) if ckpt.due(n)] == [1, 5, 10, 15]
+    ckpt.every = 0  # off: only the stop's and the end's saves
+    assert not any(ckpt.due(n) for n in range(1, 16))
+
+
+def test_a_save_interrupted_by_a_kill_is_ignored_and_cleaned_up(tmp_path):
+    trainer = trained_trainer(0)
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, trainer.state_dict(), {"step": 1})
+    ckpt.close()
+    torn = tmp_path / "checkpoints" / "3.orbax-checkpoint-tmp"  # what a SIGKILL mid-save leaves
+    (torn / "trainer").mkdir(parents=True)
+    again = Checkpointer(tmp_path)
+    assert again.latest_step() == 1 and again.read_meta() == {"step": 1, "trainer_version": 0}
+    assert not torn.exists()
+    again.save(3, trainer.state_dict(), {"step": 3})  # the same step saves again without a clash
+    again.close()
+    assert Checkpointer(tmp_path).latest_step() == 3
+
+
+def test_a_full_disk_at_save_time_is_one_line_naming_the_dir_and_errno(tmp_path, monkeypatch, caplog):
+    import errno
+
+    from jaxrl_async.checkpoint import CheckpointWriteError
+
+    trainer = trained_trainer(0)
+    ckpt = Checkpointer(tmp_path)
+    makedirs = os.makedirs
+
+    def full(path, *args, **kwargs):  # no full filesystem can be made here: the save's mkdir fails as on one
+        if "orbax-checkpoint-tmp" in str(path):
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return makedirs(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "makedirs", full)
+    ckpt.save(2, trainer.state_dict(), {"step": 2})  # asynchronous: the failure surfaces at the wait
+    with pytest.raises(CheckpointWriteError) as info:
+        ckpt.wait()
+    assert str(info.value) == (f"checkpoint: cannot write {tmp_path / 'checkpoints'}: [Errno 28 ENOSPC] "
+                               "No space left on device")
+    ckpt.close()  # reported once: closing does not raise it again
+    # orbax's own logs of it, each with a traceback, never reach a handler.
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def test_a_checkpoint_of_another_model_names_the_first_differing_array(tmp_path):
+    from jaxrl_async.checkpoint import TreeMismatch
+    from jaxrl_async.models.config import ModelConfig
+    from jaxrl_async.models.loading import build_model
+
+    ckpt = Checkpointer(tmp_path)
+    ckpt.save(1, trained_trainer(0).state_dict(), {"step": 1})
+    ckpt.close()
+    other = Trainer(build_model(ModelConfig.tiny(intermediate_size=96)),
+                    build(TrainerConfig, {"optim": {"lr": 1e-2}}, "trainer"))
+    with pytest.raises(TreeMismatch, match=r"^params/layers/w_down has shape \(2, 128, 64\) in the checkpoint, "
+                                           r"\(2, 96, 64\) in this model$"):
+        Checkpointer(tmp_path).restore(other.state_dict())
+
+
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="resume: no checkpoint in"):
         Checkpointer(tmp_path).restore(trained_trainer(0).state_dict())

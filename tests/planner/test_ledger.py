@@ -1,6 +1,7 @@
 """The ledger's writer and reader: the exact lines docs/design.md §8 specifies, buffering that
-loses nothing on flush/close, append mode for a resumed run, and a reader that names the file and
-line of anything malformed."""
+loses nothing on flush/close (and writes nothing before a flush asks for it), append mode for a
+resumed run, and a reader that names the file and line of anything malformed but skips the torn
+last line a kill leaves behind."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ def test_every_event_is_one_compact_json_line_in_the_documented_shape(tmp_path):
         w.drop(Drop(8, 6, "stale"), tokens=3, length=40)  # the simulator knows the true length
         w.moves([Move(6, 1, 2), Move(7, -1, 3)])
     assert lines(path) == [
-        '{"event":"admit","uid":3,"version":1,"deadline":4}',
-        '{"event":"admit","uid":4,"version":0,"deadline":null}',
+        '{"event":"admit","uid":3,"version":1,"deadline":4,"prompt":"p"}',
+        '{"event":"admit","uid":4,"version":0,"deadline":null,"prompt":"q"}',
         '{"event":"start","uid":3,"version":2}',
         '{"event":"train","step":5,"groups":[{"uid":3,"versions":[[1,2],[2,7]]},{"uid":4,"versions":[]}]}',
         '{"event":"drop","uid":4,"step":5,"reason":"end_of_run","tokens":9}',
@@ -93,3 +94,42 @@ def test_a_malformed_line_is_an_error_naming_the_file_and_line(tmp_path, text, m
     assert str(info.value).startswith(f"{path}:") and "\n" not in str(info.value)
     if "JSON" in message:  # one line for the user: the decoder's traceback is not chained
         assert info.value.__cause__ is None and info.value.__suppress_context__
+
+
+def admission(uid: int) -> Admission:
+    return Admission(uid=uid, prompt_id=f"p{uid}", version=0, deadline=1, priority=1.0)
+
+
+def test_buffered_lines_reach_the_file_only_when_flushed(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    writer = LedgerWriter(path, buffer_lines=100)
+    writer.admit(admission(0))
+    writer.start(0, 0)
+    assert path.read_text() == ""  # a SIGKILL now loses both: the runtime flushes at step ends
+    writer.flush(sync=True)
+    events = list(read_ledger(path))
+    assert [e["event"] for e in events] == ["admit", "start"]
+    assert events[0]["prompt"] == "p0"
+    writer.close()
+
+
+def test_a_torn_last_line_is_skipped(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with LedgerWriter(path) as writer:
+        writer.admit(admission(0))
+        writer.admit(admission(1))
+    whole = path.read_text()
+    path.write_text(whole[:-7])  # a kill in the middle of the second line's write
+    assert [e["uid"] for e in read_ledger(path)] == [0]
+
+
+def test_a_malformed_line_in_the_middle_is_still_an_error(tmp_path):
+    path = tmp_path / "ledger.jsonl"
+    with LedgerWriter(path) as writer:
+        writer.admit(admission(0))
+    path.write_text('{"event": "adm\n' + path.read_text())
+    with pytest.raises(LedgerError, match=r"ledger.jsonl:1: not valid JSON"):
+        list(read_ledger(path))
+    path.write_text(path.read_text() + '{"event": "adm\n')  # a complete line (with its newline) is no tear
+    with pytest.raises(LedgerError, match=r"ledger.jsonl:1: not valid JSON"):
+        list(read_ledger(path))
