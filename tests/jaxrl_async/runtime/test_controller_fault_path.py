@@ -66,7 +66,8 @@ def test_a_fresh_admission_is_submitted_at_once_with_its_attempts_seed_and_ledge
     assert c.groups[uid].rollout.prompt_id == c.groups[uid].prompt.prompt_id
     assert c.stats.groups_admitted == 1 and c.stats.groups_readmitted == 0 and c.window[0][0].uid != uid
     c.ledger.flush()
-    assert read_jsonl(tmp_path / LEDGER_FILE) == [{"event": "admit", "uid": uid, "version": 0, "deadline": 1}]
+    assert read_jsonl(tmp_path / LEDGER_FILE) == [
+        {"event": "admit", "uid": uid, "version": 0, "deadline": 1, "prompt": c.groups[uid].prompt.prompt_id}]
 
 
 def test_a_regenerated_group_started_on_newer_weights_waits_for_them_then_is_submitted_once(tmp_path):
