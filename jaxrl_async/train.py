@@ -182,6 +182,8 @@ class TrainJob:
 
         # Data first: a bad dataset line must fail before minutes of compilation.
         self.task = build_task(setup.task)
+        # eval.every needs a held-out split: a task without one fails here, before compiling.
+        self.eval_examples = self.task.test_examples()[: run.eval.prompts] if run.eval.every else []
         self.loaded = load_model(setup.model.source, dtype=setup.model.dtype)
         if self.loaded.tokenizer is None:
             raise ValueError(f"model.source={setup.model.source!r}: has no tokenizer (tokenizer.json)")
@@ -246,11 +248,12 @@ class TrainJob:
             sinks.append(ProgressDisplay(total_steps=run.steps, policy=setup.policy_name,
                                          max_staleness=run.max_staleness, mode=run.progress))
         stop_ids = tuple(dict.fromkeys((*self.loaded.cfg.eos_token_ids, *tokenizer.eos_token_ids)))
+        encode = self.task.encoder(tokenizer, self.loaded.chat_template)  # the held-out prompts, as training's
         self.controller = Controller(
             run, policy=driven, engine=self._engine, trainer=self.trainer, task=self.task, tokenizer=tokenizer,
             stream=stream, ledger=ledger, run_dir=self.run_dir, sinks=sinks, checkpointer=self.checkpointer,
             stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype,
-            run_config_meta=_run_meta(run, self.setup, self.task))
+            run_config_meta=_run_meta(run, self.setup, self.task), eval_prompts=list(map(encode, self.eval_examples)))
         if self._meta is not None:
             self.controller.load_checkpoint_meta(self._meta)
 
@@ -326,6 +329,8 @@ class TrainJob:
         run = self.setup.run
         extra: dict[str, Any] = {"completed": result.completed, "run_dir": str(self.run_dir),
                                  "placement": self.placement_summary()}
+        if self.controller.last_eval is not None:
+            extra["eval"] = self.controller.last_eval
         if result.completed:
             if run.export_hf:
                 extra["hf_dir"] = str(self.export_hf())

@@ -49,6 +49,29 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
+class EvalSchedule:
+    """`eval.*`: held-out evaluation during training, on the run's own engine (runtime/evaluation.py).
+
+    After every `every`-th step, once the engine holds that step's weights, the task's held-out
+    prompts are decoded greedily at the lowest engine priority — behind every rollout, so the
+    planner's admissions and deadlines are untouched and the ledger never sees them — and scored
+    as `python -m jaxrl_async.eval` scores them. The result goes into the next step's
+    metrics.jsonl record and TensorBoard (`eval/pass_at_1`, `eval/mean_reward`, ...) and the last
+    one into summary.json.
+    """
+
+    every: int = 0  # evaluate after every this many steps; 0 = off
+    prompts: int | None = None  # the held-out split's first N prompts; null = all of them
+    pass_threshold: float = 1.0  # a completion passes when its reward is >= this
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 0, "eval.every",
+              self.every, "must be an int >= 0 (0 = off)")
+        check(self.prompts is None or (isinstance(self.prompts, int) and self.prompts >= 1), "eval.prompts",
+              self.prompts, "must be an int >= 1, or null for the whole held-out split")
+
+
+@dataclass(frozen=True)
 class RunConfig:
     """The run: sizes, sampling, bookkeeping. Field names are the command-line keys."""
 
@@ -76,6 +99,7 @@ class RunConfig:
     tensorboard: bool = True  # TensorBoard event files in run_dir/tb/
     record_events: bool = False  # write every policy call to policy_events.jsonl (parity replay)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)  # liveness: stall detection
+    eval: EvalSchedule = field(default_factory=EvalSchedule)  # held-out evaluation during training
 
     def __post_init__(self) -> None:
         check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),

@@ -58,6 +58,7 @@ from jaxrl_async.checkpoint import Checkpointer
 from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
 from jaxrl_async.runtime.config import RunConfig
+from jaxrl_async.runtime.evaluation import EngineEval, is_eval_request
 from jaxrl_async.runtime.liveness import StallWatch
 from jaxrl_async.runtime.metrics import METRICS_FILE, EngineLoad, MetricsSink, RunStats, StepTiming, step_record
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
@@ -109,7 +110,7 @@ class Controller:
                  tokenizer: Tokenizer, stream: Any, ledger: LedgerWriter, run_dir: str | Path,
                  sinks: list[MetricsSink] = (), checkpointer: Checkpointer | None = None,
                  stop_token_ids: tuple[int, ...] = (), engine_dtype: str = "float32",
-                 run_config_meta: dict[str, Any] | None = None) -> None:
+                 run_config_meta: dict[str, Any] | None = None, eval_prompts: list[Prompt] | None = None) -> None:
         self.cfg = cfg
         self.policy = policy
         self.engine = engine
@@ -152,6 +153,12 @@ class Controller:
         self._last_record = (0.0, 0)  # (now, tokens generated) at the previous step record
         self._step_wait_since = 0.0
         self._watch = StallWatch(cfg.rollout)
+        # Held-out evaluation on the engine (runtime/evaluation.py): the prompts, the running one,
+        # the figures waiting for the next step record, and the last figures (summary.json).
+        self._eval_prompts = list(eval_prompts or [])
+        self._eval: EngineEval | None = None
+        self._eval_pending: dict[str, Any] = {}
+        self.last_eval: dict[str, Any] | None = None
         self._reward_log = RewardErrorLog()
 
     # ================================================================== time
@@ -407,6 +414,11 @@ class Controller:
     async def _read_outputs(self) -> None:
         async for piece in self.engine.outputs():
             async with self._mutex:
+                if is_eval_request(piece.request_id):  # never a rollout: no policy event, no ledger line
+                    self._watch.piece(None, self.now())
+                    if self._eval is not None and self._eval.add(piece):
+                        self._spawn(self._finish_eval, self._eval)
+                    continue
                 event = self._collector.add(piece)
                 self._watch.piece(piece.request_id if event is not None else None, self.now())
                 if event is None:
@@ -490,6 +502,8 @@ class Controller:
                 stats = await self.engine.stats()
                 self._apply(self.policy.on_engine_stats(kv_usage=_load(stats).usage, queued=stats.queued,
                                                         now=self.now()), "on_engine_stats")
+                if self.cfg.eval.every and self.step % self.cfg.eval.every == 0:
+                    await self._start_eval(version)
             self._training = False
             self._ask = True
             self._step_wait_since = self.now()
@@ -507,6 +521,26 @@ class Controller:
             # Durable up to this completed step (and the next step's admissions): a SIGKILL from
             # here on loses at most the step in progress (docs/fault_tolerance.md).
             self.ledger.flush(sync=True)
+
+    async def _start_eval(self, version: int) -> None:
+        """Evaluate the weights `version` the engine now holds on the held-out prompts, behind every
+        rollout (runtime/evaluation.py). One at a time: a due evaluation while one runs is skipped."""
+        if self._eval is not None:
+            log.warning("evaluation of version %d skipped: the one of version %d is still running",
+                        version, self._eval.version)
+            return
+        self._eval = EngineEval(self._eval_prompts, version, max_new_tokens=self.cfg.max_new_tokens,
+                                stop_token_ids=self.stop_token_ids)
+        for request in self._eval.requests():
+            await self.engine.submit(request)
+
+    async def _finish_eval(self, evaluation: EngineEval) -> None:
+        figures = await evaluation.score(self.task, self.tokenizer, self.cfg.eval.pass_threshold)
+        async with self._mutex:
+            self._eval = None
+            self._eval_pending, self.last_eval = figures, figures
+        log.info("eval of version %d: pass@1 %.3f, mean reward %.3f over %d held-out prompts", evaluation.version,
+                 figures["eval/pass_at_1"], figures["eval/mean_reward"], figures["eval/n"])
 
     async def _push(self, version: int) -> None:
         """Publish the trainer's weights as `version` to the engine; returns once it holds them.
@@ -534,6 +568,8 @@ class Controller:
             step, metrics, hist, [len(s.token_ids) for g in groups for s in g.samples], stats, timing,
             previous=previous, engine=_load(await self.engine.stats()), inflight_groups=self.groups_in_flight(),
             done_groups=sum(g.phase == DONE for g in self.groups.values()), eta_s=eta_s)
+        record.update(self._eval_pending)  # the latest finished evaluation, once
+        self._eval_pending = {}
         for sink in self.sinks:
             sink.write(record)
 

@@ -1,0 +1,70 @@
+"""Held-out evaluation during training, on the run's own engine (`eval.every`, runtime/config.py).
+
+How it shares the engine without touching the planner's guarantee: its requests (ids
+`eval.<version>.<i>`, greedy, one sample each) go to the same engine at `EVAL_PRIORITY`, below
+every rollout, so they only take slots that no admitted group is waiting for; the controller routes
+their pieces here before the rollout collector sees them, so no policy event, ledger line or stall
+check is made for them. What they cost is engine time, visible as generator busy time and in
+the step times around them. Weights: they start once the engine holds `version`; under
+`sync_mode=partial` a later push may reach a long evaluation mid-way, so `version` is the
+weights it started on (the lowest version of any of its tokens is reported too).
+
+Scoring and the figures are `python -m jaxrl_async.eval`'s (`score_all`, `summarize`), so a
+figure in metrics.jsonl means what the command line prints for the same model and prompts.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams
+from jaxrl_async.eval import EvalResult, score_all, summarize
+from jaxrl_async.tasks.base import Prompt, Task
+from jaxrl_async.tokenizer import Tokenizer
+
+EVAL_PREFIX = "eval."
+EVAL_PRIORITY = 1e30  # after every rollout: lower priorities are admitted first
+
+
+def is_eval_request(request_id: str) -> bool:
+    return request_id.startswith(EVAL_PREFIX)
+
+
+class EngineEval:
+    """One evaluation of the weights `version`: its requests, and its pieces as they stream in."""
+
+    def __init__(self, prompts: list[Prompt], version: int, *, max_new_tokens: int,
+                 stop_token_ids: tuple[int, ...]) -> None:
+        self.prompts, self.version = prompts, version
+        self._sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids)
+        self._tokens: dict[int, list[int]] = defaultdict(list)
+        self._done: set[int] = set()
+        self.min_version = version
+
+    def request_id(self, index: int) -> str:
+        return f"{EVAL_PREFIX}{self.version}.{index}"
+
+    def requests(self) -> list[GenerationRequest]:
+        return [GenerationRequest(self.request_id(i), list(p.prompt_ids), self._sampling, EVAL_PRIORITY)
+                for i, p in enumerate(self.prompts)]
+
+    def add(self, piece: SampleOutput) -> bool:
+        """Take one piece of this evaluation (others are ignored); True once every prompt is done."""
+        version, _, index = piece.request_id[len(EVAL_PREFIX):].partition(".")
+        if int(version) != self.version:
+            return False  # a late piece of an earlier evaluation
+        i = int(index)
+        self._tokens[i] += piece.token_ids
+        if piece.versions:
+            self.min_version = min(self.min_version, min(v for v, _ in piece.versions))
+        if piece.done:
+            self._done.add(i)
+        return len(self._done) == len(self.prompts)
+
+    async def score(self, task: Task, tokenizer: Tokenizer, pass_threshold: float) -> dict[str, Any]:
+        """The figures of the finished evaluation, as `eval/<key>` metrics."""
+        tokens = {f"eval.{i}": [self._tokens[i]] for i in range(len(self.prompts))}
+        result: EvalResult = summarize(await score_all(task, tokenizer, self.prompts, tokens), None, pass_threshold)
+        return {f"eval/{k}": v for k, v in result.to_json().items() if k != "samples"} | {
+            "eval/version": self.version, "eval/min_token_version": self.min_version}
