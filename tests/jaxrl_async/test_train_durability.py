@@ -22,11 +22,12 @@ from tests.helpers.cli_runs import (
 from tests.helpers.train_runs import StepProbe
 
 STEPS, ETA = 16, 1
-# One group decodes at a time (4 slots, 4 samples) and completions are long: generation, not the
-# train step, is the bottleneck, so groups are still generating at every step end and kills and
-# checkpoints find groups in flight.
+# One group decodes at a time (4 slots, 4 samples), one token per engine call, and completions
+# are long: generation, not the train step, is the bottleneck even on a loaded machine (where
+# the train step slows down too), so groups are still generating at every step end and kills
+# and checkpoints find groups in flight.
 RUN = [f"steps={STEPS}", "batch_groups=2", "group_size=4", "max_new_tokens=96", "engine.num_slots=4",
-       "engine.max_len=160", f"max_staleness={ETA}", "checkpoint_every=3"]
+       "engine.decode_steps_per_call=1", "engine.max_len=160", f"max_staleness={ETA}", "checkpoint_every=3"]
 
 
 def finish(proc: subprocess.Popen, timeout_s: float = 400) -> str:

@@ -171,6 +171,11 @@ def test_a_killed_follower_ends_the_job_without_a_hang_and_the_last_checkpoint_r
     proc = _launch(run_dir, "steps=10", "checkpoint_every=2", grace_s=5)
     metrics = run_dir / "metrics.jsonl"
     _wait_for_steps(proc, metrics, 5)
+    # The save after step 4 is asynchronous: kill once it is finished (orbax renames its tmp
+    # folder to "4" at the end), so that the resume point does not depend on the machine's load.
+    deadline = time.monotonic() + 120
+    while not (run_dir / "checkpoints" / "4").is_dir() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     follower = next(int(c) for c in children
                     if b"JAXRL_PROCESS_ID=1\0" in Path(f"/proc/{c}/environ").read_bytes() + b"\0")
