@@ -387,20 +387,20 @@ class RayEngineProxy(GenerationEngine):
     async def submit(self, request: GenerationRequest) -> None:
         if request.request_id in self._owner:
             raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
-        while True:  # a worker that fails to take it is lost: the next live one gets it
-            live = await self._live_workers()
-            if not live:
-                raise RuntimeError("cluster: no live generation worker")
-            by_index = {w.index: w for w in live}
-            worker = by_index[least_loaded({w.index: len(w.live) for w in live})]
-            try:
-                await self._call(worker, "submit", request)
-            except _WorkerLost:
-                continue
-            worker.live.add(request.request_id)
-            self._owner[request.request_id] = worker
-            self._samples_left[request.request_id] = request.sampling.n
-            return
+        live = await self._live_workers()
+        if not live:
+            raise RuntimeError("cluster: no live generation worker")
+        by_index = {w.index: w for w in live}
+        worker = by_index[least_loaded({w.index: len(w.live) for w in live})]
+        # Registered before the call: the worker's poll may return the request's last piece
+        # before this call's answer does (a short request on an idle worker).
+        worker.live.add(request.request_id)
+        self._owner[request.request_id] = worker
+        self._samples_left[request.request_id] = request.sampling.n
+        try:
+            await self._call(worker, "submit", request)
+        except _WorkerLost:
+            pass  # lost with the worker's other requests: `_lose` handed it to the fault path
 
     async def abort(self, request_id: str) -> None:
         worker = self._owner.get(request_id)

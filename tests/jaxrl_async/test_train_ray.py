@@ -99,15 +99,19 @@ def test_a_killed_generation_worker_costs_no_group_and_keeps_the_bound(tmp_path)
 
 
 def test_a_stopped_generation_worker_is_found_by_its_rpc_timeout_replaced_and_costs_no_group(tmp_path, caplog):
-    job = _job(tmp_path, ("cluster.rpc_timeout_s=5",))
+    # One token per engine call: generation is slow enough that workers usually hold requests at
+    # a step's end (a stopped worker that holds none still has to be found and replaced).
+    job = _job(tmp_path, ("cluster.rpc_timeout_s=5", "engine.decode_steps_per_call=1"))
     proxy = job.controller.engine
     stopped: list[dict[str, object]] = []
 
     def stop_a_busy_worker(record: dict) -> None:
-        """After a step, SIGSTOP the busiest worker (once): its process lives on, answering nothing."""
+        """After a step, SIGSTOP the busiest worker (once; by step 2 an idle one): its process
+        lives on, answering nothing."""
         if stopped:
             return
-        busy = [w for w in proxy.workers if w.alive and w.live]
+        alive = [w for w in proxy.workers if w.alive]
+        busy = [w for w in alive if w.live] or (alive if record["step"] >= 2 else [])
         if busy:
             worker = max(busy, key=lambda w: len(w.live))
             stopped.append({"pid": worker.pid, "step": record["step"], "requests": sorted(worker.live)})
@@ -124,16 +128,23 @@ def test_a_stopped_generation_worker_is_found_by_its_rpc_timeout_replaced_and_co
             except ProcessLookupError:
                 pass
 
-    assert stopped, "no step ended with a worker holding requests: nothing was stopped"
+    assert stopped, "no worker was stopped"
     pid = stopped[0]["pid"]
     timeouts = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
     assert any(f"(pid {pid}) did not answer" in m and "within" in m for m in timeouts), timeouts
-    assert pid not in {w.pid for w in proxy.workers}, "the stopped worker was not replaced"
+    # Out of service at once; its replacement loads and compiles a model, which may outlast this
+    # short run on a loaded machine, so only its start is certain here (cluster/test_ray.py sees
+    # a replacement serve after a kill).
+    assert not any(w.alive for w in proxy.workers if w.pid == pid), "the stopped worker is still in service"
+    assert any(f"(pid {pid})" in m and "a replacement starts" in m for m in timeouts), timeouts
     ledger = read_jsonl(tmp_path / "ledger.jsonl")
     admits = [e["uid"] for e in ledger if e["event"] == "admit"]
     trained = [g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]]
     held = {int(r.split(".")[0]) for r in stopped[0]["requests"]}
     lost_uids = {uid for uid in admits if admits.count(uid) >= 2}
-    assert lost_uids and lost_uids <= held, (stopped, admits)
+    # What the worker still held when it was found out went to the fault path: usually what it
+    # held at the SIGSTOP, fewer when a poll's answer was already on its way (its pieces arrived).
+    (went,) = [int(m.split("its ")[1].split(" requests")[0]) for m in timeouts if f"(pid {pid})" in m]
+    assert lost_uids <= held and len(lost_uids) == went, (stopped, admits, timeouts)
     assert all(trained.count(uid) == 1 for uid in lost_uids)
     _assert_strict_and_complete(tmp_path, summary)
