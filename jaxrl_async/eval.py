@@ -18,8 +18,7 @@ Reported (`output=table` prints a table; `output=json` exactly one JSON object):
 The same `evaluate` runs inside training (`eval_every`), on the training engine.
 
 Bad input — an unknown model, task or key, a task without a held-out split, a prompt that does
-not fit the model's context — is one line on stderr and exit status 1 (the Compose API is used,
-as in generate.py, so Hydra's multi-line errors are joined into one line).
+not fit the model's context — is one line on stderr and exit status 1 (jaxrl_async/cli.py).
 """
 
 from __future__ import annotations
@@ -31,13 +30,11 @@ import sys
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jaxrl_async.models.loading import ModelSpec
 from planner.configs import build, check
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 OUTPUTS = ("table", "json")
 
 
@@ -192,29 +189,13 @@ def table(result: EvalResult, facts: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from jaxrl_async.cli import run_command
 
-    from jaxrl_async.config_nodes import register_config_nodes
+    def show(config: EvalConfig, measured: tuple[EvalResult, dict[str, Any]]) -> str:
+        result, facts = measured
+        return json.dumps({**result.to_json(), **facts}) + "\n" if config.output == "json" else table(result, facts)
 
-    overrides = sys.argv[1:] if argv is None else argv
-    register_config_nodes()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            composed = compose(config_name="eval", overrides=overrides)
-        config = typed_config(OmegaConf.to_container(composed, resolve=True))
-        result, facts = evaluate(config)
-    except (ValueError, HydraException, OmegaConfBaseException) as e:
-        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        print(f"error: {message or type(e).__name__}", file=sys.stderr)
-        return 1
-    if config.output == "json":
-        print(json.dumps({**result.to_json(), **facts}))
-    else:
-        print(table(result, facts), end="")
-    return 0
+    return run_command("eval", argv, typed_config, evaluate, show)
 
 
 if __name__ == "__main__":

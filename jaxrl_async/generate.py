@@ -11,8 +11,7 @@ prints exactly one JSON object (docs/design.md §8):
 or key, a bad value, a prompt that does not fit the model's context — is one line on stderr and
 exit status 1.
 
-The Compose API is used rather than `@hydra.main`: a one-shot command needs no run directory
-or logging setup, and Hydra's own multi-line errors are joined into one line.
+The command line's plumbing (compose, type, one-line errors) is jaxrl_async/cli.py's.
 """
 
 from __future__ import annotations
@@ -20,13 +19,11 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jaxrl_async.models.loading import ModelSpec
 from planner.configs import build, check
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 OUTPUTS = ("text", "json")
 
 
@@ -94,27 +91,10 @@ def generate(config: GenerateConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+    from jaxrl_async.cli import run_command
 
-    from jaxrl_async.config_nodes import register_config_nodes
-
-    overrides = sys.argv[1:] if argv is None else argv
-    register_config_nodes()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            composed = compose(config_name="generate", overrides=overrides)
-        config = typed_config(OmegaConf.to_container(composed, resolve=True))
-        result = generate(config)
-    except (ValueError, HydraException, OmegaConfBaseException) as e:
-        # Hydra's errors span several lines (e.g. the list of available models): join them.
-        message = " ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        print(f"error: {message or type(e).__name__}", file=sys.stderr)
-        return 1
-    print(json.dumps(result) if config.output == "json" else result["text"])
-    return 0
+    return run_command("generate", argv, typed_config, generate,
+                       lambda config, result: (json.dumps(result) if config.output == "json" else result["text"]) + "\n")
 
 
 if __name__ == "__main__":

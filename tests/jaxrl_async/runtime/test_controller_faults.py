@@ -13,7 +13,7 @@ import pytest
 from jaxrl_async.engines.base import GenerationEngine, SampleOutput
 from jaxrl_async.runtime.liveness import EngineHungError
 from planner.audit import audit
-from tests.helpers.engines import SilentRequestEngine, SlowRequestEngine
+from tests.helpers.engines import SilentRequestEngine, SlowRequestEngine, WrappedEngine
 from tests.helpers.train_runs import StepProbe, make_job, read_jsonl, run_within
 
 pytestmark = pytest.mark.slow
@@ -42,30 +42,13 @@ def test_a_reward_function_that_raises_or_times_out_scores_zero_is_counted_and_t
     assert metrics[-1]["reward_errors"] == 32
 
 
-class NaNLogprobEngine(GenerationEngine):
+class NaNLogprobEngine(WrappedEngine):
     """The real engine, with one sample's behaviour log-probs turned into NaN (what an fp overflow in
     a real engine looks like). The group that holds it makes its batch's loss non-finite."""
 
     def __init__(self, inner: GenerationEngine, request_id: str) -> None:
-        self.inner, self.request_id = inner, request_id
-
-    async def start(self):
-        await self.inner.start()
-
-    async def stop(self):
-        await self.inner.stop()
-
-    async def submit(self, request):
-        await self.inner.submit(request)
-
-    async def abort(self, request_id):
-        await self.inner.abort(request_id)
-
-    async def update_weights(self, params, version):
-        await self.inner.update_weights(params, version)
-
-    async def stats(self):
-        return await self.inner.stats()
+        super().__init__(inner)
+        self.request_id = request_id
 
     async def outputs(self) -> AsyncIterator[SampleOutput]:
         async for out in self.inner.outputs():
