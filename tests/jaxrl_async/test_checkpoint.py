@@ -3,6 +3,7 @@ repeating or out-aging anything."""
 
 import os
 import signal
+import time
 from collections import Counter
 
 import jax
@@ -96,6 +97,9 @@ def test_a_save_interrupted_by_a_kill_is_ignored_and_cleaned_up(tmp_path):
     (torn / "trainer").mkdir(parents=True)
     again = Checkpointer(tmp_path)
     assert again.latest_step() == 1 and again.read_meta() == {"step": 1, "trainer_version": 0}
+    deadline = time.monotonic() + 30  # orbax removes it in the background (awaited before a save)
+    while torn.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert not torn.exists()
     again.save(3, trainer.state_dict(), {"step": 3})  # the same step saves again without a clash
     again.close()
