@@ -28,7 +28,6 @@ import io
 import json
 import sys
 import time
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,29 +95,27 @@ def typed_config(cfg: dict[str, Any]) -> EvalConfig:
     return build(EvalConfig, {**cfg, "model": {**model, "source": str(model["source"])}}, "")
 
 
-def decode_all(core, prompts: list, sampling) -> dict[str, list[list[int]]]:
-    """Every prompt through `core` (an `EngineCore`) with `sampling`; request id -> each sample's
-    tokens, in sample order. The core queues what does not fit its slots."""
+def decode_all(core, prompts: list, sampling) -> list[list[list[int]]]:
+    """Every prompt through `core` (an `EngineCore`) with `sampling`: per prompt, each sample's
+    tokens in sample order. The core queues what does not fit its slots."""
     from jaxrl_async.engines.base import GenerationRequest
 
-    pieces: dict[tuple[str, int], list[int]] = defaultdict(list)
+    tokens = [[[] for _ in range(sampling.n)] for _ in prompts]
     for i, prompt in enumerate(prompts):
-        core.submit(GenerationRequest(f"eval.{i}", list(prompt.prompt_ids), sampling))
+        core.submit(GenerationRequest(str(i), list(prompt.prompt_ids), sampling))
     while core.has_work():
         for out in core.step():
-            pieces[(out.request_id, out.sample_index)] += out.token_ids
-    tokens: dict[str, list[list[int]]] = defaultdict(list)
-    for (request_id, index) in sorted(pieces, key=lambda key: (key[0], key[1])):
-        tokens[request_id].append(pieces[(request_id, index)])
+            tokens[int(out.request_id)][out.sample_index] += out.token_ids
     return tokens
 
 
-async def score_all(task, tokenizer, prompts: list, tokens: dict[str, list[list[int]]]) -> list[list[Any]]:
-    """The task's reward of every sample: per prompt, one `RewardResult` per sample."""
+async def score_all(task, tokenizer, prompts: list, samples: list[list[list[int]]]) -> list[list[Any]]:
+    """The task's reward of every sample (`samples[i]`: prompt i's samples' tokens): per prompt,
+    one `RewardResult` per sample."""
     async def one(prompt, ids):
         return await task.reward(prompt, tokenizer.decode(ids), ids)
 
-    return [await asyncio.gather(*(one(p, ids) for ids in tokens[f"eval.{i}"])) for i, p in enumerate(prompts)]
+    return [await asyncio.gather(*(one(p, ids) for ids in ids_of_p)) for p, ids_of_p in zip(prompts, samples)]
 
 
 def summarize(greedy: list[list[Any]], sampled: list[list[Any]] | None, threshold: float) -> EvalResult:

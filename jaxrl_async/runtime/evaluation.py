@@ -64,7 +64,7 @@ class EngineEval:
 
     async def score(self, task: Task, tokenizer: Tokenizer, pass_threshold: float) -> dict[str, Any]:
         """The figures of the finished evaluation, as `eval/<key>` metrics."""
-        tokens = {f"eval.{i}": [self._tokens[i]] for i in range(len(self.prompts))}
+        tokens = [[self._tokens[i]] for i in range(len(self.prompts))]  # one (greedy) sample each
         result: EvalResult = summarize(await score_all(task, tokenizer, self.prompts, tokens), None, pass_threshold)
         return {f"eval/{k}": v for k, v in result.to_json().items() if k != "samples"} | {
             "eval/version": self.version, "eval/min_token_version": self.min_version}
