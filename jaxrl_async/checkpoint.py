@@ -42,6 +42,8 @@ import orbax.checkpoint as ocp
 
 CHECKPOINT_DIR = "checkpoints"
 
+log = logging.getLogger(__name__)
+
 
 class CheckpointWriteError(ValueError):
     """The checkpoint directory cannot be written (or read): one line with the errno."""
@@ -97,7 +99,16 @@ class Checkpointer:
 
     def save(self, steps_done: int, trainer_state: dict[str, Any], meta: dict[str, Any]) -> None:
         """Start saving; returns once the arrays are copied (the trainer may then donate them).
-        An earlier background save that failed raises here (`CheckpointWriteError`)."""
+        An earlier background save that failed raises here (`CheckpointWriteError`).
+
+        A step that already has a checkpoint keeps it: a stop that lands right after the periodic
+        save (or right after a resume) finds its step's resume point on disk. Both are snapshots
+        at the same step boundary; what was admitted in between is redone by the resume, which
+        cuts the ledger back to the kept snapshot's length."""
+        with self._disk_errors():
+            if steps_done in self._manager.all_steps():
+                log.info("checkpoint of step %d already saved: kept", steps_done)
+                return
         arrays = {k: v for k, v in trainer_state.items() if k != "version"}
         meta = {**meta, "trainer_version": int(trainer_state["version"])}
         with self._disk_errors():

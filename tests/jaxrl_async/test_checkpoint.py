@@ -80,6 +80,17 @@ def test_only_the_newest_checkpoints_are_kept(tmp_path):
     assert ckpt.due(6) and not ckpt.due(7)
 
 
+def test_a_second_save_of_the_same_step_keeps_the_first(tmp_path):
+    """A stop right after the periodic save of step 3 saves step 3 again: no error, one resume point."""
+    trainer = trained_trainer(0)
+    ckpt = Checkpointer(tmp_path, every=3)
+    ckpt.save(3, trainer.state_dict(), {"step": 3, "admitted": 0})
+    ckpt.save(3, trainer.state_dict(), {"step": 3, "admitted": 2})
+    ckpt.close()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()] == ["3"]
+    assert Checkpointer(tmp_path).read_meta(3)["admitted"] == 0
+
+
 def test_the_cadence_saves_after_the_first_step_then_every_n():
     ckpt = Checkpointer.__new__(Checkpointer)
     ckpt.every = 5
