@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import signal
+import threading
 import sys
 import time
 from collections.abc import Mapping
@@ -143,6 +144,7 @@ class TrainJob:
         if self._lock is not None:
             self._lock.acquire()
         self._stopping = False
+        self._loop_over = False  # the controller has returned: a first signal only lets the end finish
         try:
             self._build(setup)
         except BaseException:
@@ -275,8 +277,12 @@ class TrainJob:
         try:
             return await self.controller.run()
         finally:
+            self._loop_over = True
             for sig in installed:
                 loop.remove_signal_handler(sig)
+                # The final save, the export and the audit still run: a signal there keeps the
+                # same meaning (the first lets them finish, a second exits at once).
+                signal.signal(sig, lambda sig, _frame: self._on_signal(sig))
 
     def _on_signal(self, sig: int) -> None:
         """The first SIGTERM / SIGINT stops the run at the next step boundary with a checkpoint; a
@@ -288,6 +294,10 @@ class TrainJob:
                         name, self.run_dir)
             os._exit(128 + sig)
         self._stopping = True
+        if self._loop_over:
+            log.warning("%s: the run has stopped; finishing its checkpoint and report (%s again exits at once)",
+                        name, name)
+            return
         log.warning("%s: stopping at the next step boundary with a checkpoint (%s again exits at once)", name, name)
         self.controller.request_stop()
 
@@ -296,12 +306,16 @@ class TrainJob:
         ended). A follower process returns None once process 0 ends the job."""
         if not self.leader:
             return self._follow()
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
             return self._lead()
         finally:
             if self.channel is not None:
                 self.channel.send("stop")
             self.release()
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
 
     def _follow(self) -> None:
         from jaxrl_async.cluster.lockstep import follow
