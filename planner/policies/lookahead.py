@@ -9,6 +9,10 @@ deadline d(g) = a(g)+η. The planner keeps the EDF condition (F) of `planner.fea
   a+η, (F) alone would admit more groups on an old synced version; with drain syncs and uneven
   workers the extra volume delays syncs and costs throughput at η=4, so the quota keeps it.)
   The run admits at most B·S groups in all, so every admitted group is trained by the last step.
+  `max_untrained_groups` (>= B) caps |U| below that quota: when the trainer is the bottleneck a
+  greedy quota fills up with done groups that wait η steps, so tokens train at staleness ≈ η;
+  admitting just enough to keep the trainer busy trains them fresher at the same throughput
+  (docs/tuning.md). It only lowers the quota, so (F) and strictness are untouched.
 - L3 selection: the B done groups with the earliest deadline (ties: earlier completion, uid — the
   output-queue order NeMo-RL's samplers use; it measured 0.1-0.5% better than admission order), kept
   only if (F) holds for the rest at step k+1; otherwise the trainer waits — and then every batch
@@ -50,9 +54,12 @@ class LookaheadParams:
     refine_on_start: bool = True  # later deadline for groups that start on newer weights
     max_inflight_groups: int | None = None  # engine-side cap; may only lower the (F) quota
     kv_token_budget: int | None = None  # cap on predicted tokens in flight (needs a predictor)
+    # Cap on |U| (admitted, untrained groups), >= B; below the quota's B·(η+1) it admits just
+    # enough to keep the trainer busy, so a trainer-bound run trains fresher tokens.
+    max_untrained_groups: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("max_inflight_groups", "kv_token_budget"):
+        for name in ("max_inflight_groups", "kv_token_budget", "max_untrained_groups"):
             v = getattr(self, name)
             check(v is None or v > 0, f"policy.{name}", v, "must be positive or null")
 
@@ -67,6 +74,10 @@ class Lookahead(PolicyBase):
 
     def __init__(self, ctx, params: LookaheadParams | None = None) -> None:
         super().__init__(ctx, params)
+        cap = self.params.max_untrained_groups
+        # Below B no batch ever completes: the run would wait forever instead of failing here.
+        check(cap is None or cap >= self.B, "policy.max_untrained_groups", cap,
+              f"must be >= batch_groups={self.B} (a step trains B groups), or null")
         self.predictor = make_predictor(self.params.predictor)
         self.counts: dict[int, int] = {}  # deadline -> untrained groups with that deadline
         self.plan: dict[int, set[int]] = {}  # step -> uids planned for it
@@ -83,6 +94,8 @@ class Lookahead(PolicyBase):
                         self.B * (self.synced + self.eta - k + 1) - self.untrained)
         if self.params.max_inflight_groups is not None:
             quota = min(quota, self.params.max_inflight_groups - self.inflight)
+        if self.params.max_untrained_groups is not None:
+            quota = min(quota, self.params.max_untrained_groups - self.untrained)
         return max(0, quota)
 
     def predict(self, c: Candidate) -> float | None:

@@ -162,3 +162,35 @@ def test_invalid_parameters_are_rejected_with_the_field_name():
         Lookahead(ctx, LookaheadParams(predictor="crystal_ball"))
     with pytest.raises(ValueError, match="max_staleness=-1"):
         PlanContext(batch_groups=1, group_size=1, max_staleness=-1, total_steps=1)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), eta=st.integers(0, 3), batch=st.integers(1, 4), steps=st.integers(1, 10),
+       extra=st.integers(0, 12), faults=st.booleans(), partial=st.booleans())
+def test_an_untrained_cap_keeps_lookahead_strict_without_drops_or_deadlock(seed, eta, batch, steps, extra, faults,
+                                                                           partial):
+    ctx = PlanContext(batch_groups=batch, group_size=2, max_staleness=eta, total_steps=steps)
+    cap = batch + extra
+    policy, out, report = run(ctx, seed, LookaheadParams(max_untrained_groups=cap), faults=faults, partial=partial)
+    assert not out.deadlock and out.steps == steps
+    assert report.ok, report.verdict()
+    assert report.max_token_staleness <= eta and report.groups_dropped == 0 and not report.lost
+    assert report.groups_trained == batch * steps
+
+
+def test_the_untrained_cap_bounds_admitted_untrained_groups_not_only_generating_ones():
+    ctx = PlanContext(batch_groups=2, group_size=1, max_staleness=3, total_steps=10)
+    p = Lookahead(ctx, LookaheadParams(max_untrained_groups=3))
+    d = p.admit(now=0, candidates=[Candidate(i, str(i)) for i in range(8)])
+    assert len(d.admit) == 3  # the quota alone would admit B·(η+1) = 8
+    for a in d.admit:
+        p.on_group_started(uid=a.uid, version=0, now=0)
+        p.on_group_finished(uid=a.uid, versions=((0, 1),), now=0)
+    assert p.inflight == 0 and p.untrained == 3  # done but untrained groups still count
+    assert p.admit(now=0, candidates=[Candidate(10, "10")]).admit == []
+
+
+def test_an_untrained_cap_below_the_batch_is_refused_at_setup():
+    ctx = PlanContext(batch_groups=4, group_size=1, max_staleness=1, total_steps=1)
+    with pytest.raises(ValueError, match=r"policy.max_untrained_groups=3: must be >= batch_groups=4"):
+        Lookahead(ctx, LookaheadParams(max_untrained_groups=3))
