@@ -60,6 +60,18 @@ def older_than(groups: Iterable[Group], min_version: int) -> list[Group]:
     return [g for g in groups if g.min_version < min_version]
 
 
+def inflight_groups(policy: PolicyBase) -> list[Group]:
+    """Groups queued in an engine or generating: everything dispatched and not yet done."""
+    return [g for g in policy.groups.values() if g.status in (Status.QUEUED, Status.RUNNING)]
+
+
+def dispatched_before(groups: Iterable[Group], min_version: int) -> list[Group]:
+    """Groups dispatched (admitted) on weights below `min_version`: samplers that tag a group's
+    version at dispatch (NeMo-RL's buffer slot, tinker's sampling client) read `admit_version`,
+    so a request still queued in an engine carries a version too."""
+    return [g for g in groups if g.admit_version < min_version]
+
+
 def drop_all(policy: PolicyBase, groups: Iterable[Group], reason: str) -> list[Drop]:
     return [policy.drop(g.uid, reason) for g in list(groups)]
 
