@@ -202,8 +202,8 @@ class NemoInOrder(_Gated):
     """NeMo-RL `in_order`. Mapping from η: `max_lookahead_versions = η`.
 
     L1: gate of η batches plus capacity limits; dispatch batch i (the i-th B admissions) is
-    stamped `target_step = i`. L2: none. L3 at step k: only batch k, once all its groups are done;
-    wait otherwise. Strict: batch i dispatches at synced version ≥ i − η and trains at step i.
+    stamped `target_step = i`. L2: none. L3 at step k: evict done groups stamped for a step before
+    k (unreachable here, see below); only batch k, once all its groups are done; wait otherwise. Strict: batch i dispatches at synced version ≥ i − η and trains at step i.
     """
 
     name = "nemo_in_order"
@@ -216,4 +216,7 @@ class NemoInOrder(_Gated):
         return Admission(group.uid, group.prompt_id, group.admit_version, priority=float(group.seq), planned_step=target)
 
     def choose_batch(self, step: int, now: float) -> Decision:
-        return Decision(train=bound_batch(self, step))
+        # Upstream's evict is keyed on target_step, as select is: a ready group whose step has passed
+        # can never be selected. Our trainer never passes step k without batch k, so this is a guard.
+        past = [g for g in self.done if g.planned_step is not None and g.planned_step < step]
+        return Decision(drop=drop_all(self, past, "nemo_evict_stale"), train=bound_batch(self, step))
