@@ -231,6 +231,9 @@ def test_ready_first_mixes_ready_weight_versions_in_buffer_order():
     p = fake_buffer("nemo_ready_first", B=3, step=3,
                     slots=[("old", 1), ("current", 3), ("middle", 2), ("future", 4)], max_staleness_versions=1)
     assert select(p, 3) == (["old", "current", "middle"], [], ["future"])
+    # Beyond upstream's case: a slot above the trainer's version is skipped, not just left last.
+    p = fake_buffer("nemo_ready_first", B=1, step=3, slots=[("future", 4), ("old", 1)], max_staleness_versions=1)
+    assert select(p, 3) == (["old"], [], ["future"])
 
 
 def test_ready_first_never_evicts_so_a_late_straggler_stays_selectable():

@@ -33,10 +33,33 @@ def test_the_design_notes_example_lets_younger_groups_pass_a_straggler_only_insi
     assert len(g) == 6  # the whole active buffer
     d.finish_all([u for u in g if u != g[2]])
     assert d.train_step() == [g[0], g[1], g[3]]  # 3 passes 2: inside [2, 4]
-    assert d.train_step() is None  # 4 may pass too, 5 is outside the window: one short, wait
+    d.finish_all([u for u in d.running if u != g[2]])  # the next admissions (6, 7, 8) finish too
+    assert d.train_step() is None  # 4 may pass too; 5..8 are outside the window: one short, wait
     d.finish(g[2])
     assert d.train_step() == [g[2], g[4], g[5]]
     assert d.max_staleness <= 2 and not d.dropped
+
+
+def test_a_done_group_one_past_the_window_end_stays_blocked():
+    """S=1, P=1, f=1: W = 2. Group 1 passes the straggler 0; group 2 (0 + W) may not."""
+    d = driver(1, 1, window_fraction=1.0)
+    assert d.policy.window_size == 2 and d.admitted == [0, 1]
+    d.finish(1)
+    assert d.train_step() == [1]
+    d.finish(2)
+    assert d.train_step() is None
+    d.finish(0)
+    assert d.train_step() == [0] and d.trained[-1].staleness == 1 and d.policy.staleness_bound() == 2
+
+
+def test_active_slots_are_freed_at_the_weight_pull_not_when_the_batch_is_taken_or_published():
+    d = driver(2, 1, window_fraction=None)  # strict FIFO, B_cap = 4
+    d.auto_sync = False
+    assert len(d.admitted) == 4
+    d.finish_all()
+    assert d.train_step() is not None and len(d.admitted) == 4  # taken, trained, published: still charged
+    d.sync()
+    assert len(d.admitted) == 6
 
 
 def test_a_straggler_at_the_back_of_a_full_buffer_is_trained_exactly_at_the_realized_bound():
