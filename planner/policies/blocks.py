@@ -1,6 +1,6 @@
 """Shared L1/L2/L3 building blocks of the baseline policies (docs/design.md §3, reference Part II).
 
-The fourteen baselines differ in a handful of rules, each used by several frameworks. They live
+The sixteen baselines differ in a handful of rules, each used by several frameworks. They live
 here once, as small functions over a `PolicyBase`'s bookkeeping, so that every policy class is a
 short list of "which rule at L1, which at L2, which at L3":
 
