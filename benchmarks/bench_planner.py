@@ -11,7 +11,11 @@ ratio lookahead / policy in groups/hour. Two reference columns: the unbounded-st
 (lookahead with η = null) and the strict no-drop upper bound (`planner.compare.no_drop_bound`).
 
 Every figure is the median over seeds; each seed runs every policy on the same workload draw.
-Each lookahead run's ledger is audited (`planner.audit`): a failure aborts the benchmark.
+Each lookahead run's ledger is audited (`planner.audit`), and so is every run of the other strict
+no-drop designs (torchtitan's windowed FIFO, tinker's paced sampling) at its own bound
+(`staleness_bound`): a failure aborts the benchmark. The "bound" column is that bound ("–": the
+policy bounds nothing). The matched-bound table compares windowed FIFO, strict only at
+S + ⌈(W−1)/P⌉ > η, with lookahead run at η = that bound, so both keep the same guarantee.
 The ablation table isolates what lookahead's flexibility buys: deadline refinement at start,
 the length predictor, and partial rollout vs drain.
 
@@ -49,6 +53,8 @@ SCENARIOS: dict[str, list[str]] = {
     "faults": ["workload=lognormal", DATASET, "sim=fault"],
 }
 STRICT_RIGIDS = ("nemo_in_order", "nemo_weight_fifo")
+NO_DROP_AUDITED = ("lookahead", "torchtitan_windowed_fifo", "tinker_paced")  # audited at their own bound
+WINDOWED_FIFO = "torchtitan_windowed_fifo"
 LENGTH_BIAS_POLICIES = ("lookahead", "verl_drop", "trl", "prime_rl", "nemo_windowed")
 LENGTH_BIAS_SCENARIOS = ("heavy_tail", "bimodal")
 ABLATIONS: dict[str, list[str]] = {
@@ -64,14 +70,16 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
     overrides = [*SCENARIOS[scenario], f"policy={policy}", f"max_staleness={'null' if eta is None else eta}",
                  f"seed={seed}", f"steps={steps_count}", *extra]
     config = compose(overrides)
+    bound = staleness_bound(config)
     estimate = {"ks": None}
     with tempfile.TemporaryDirectory() as tmp:
-        audited = policy == "lookahead" or (policy in LENGTH_BIAS_POLICIES and scenario in LENGTH_BIAS_SCENARIOS)
+        audited = policy in NO_DROP_AUDITED or (policy in LENGTH_BIAS_POLICIES and scenario in LENGTH_BIAS_SCENARIOS)
         result = run_simulation(config, tmp if audited else None, plots=False)
         if audited:
-            report = audit(tmp, eta)
-            if policy == "lookahead" and (not report.ok or report.groups_dropped):
-                raise SystemExit(f"lookahead audit failed in {scenario} η={eta} seed={seed}: {report.verdict()}")
+            report = audit(tmp, eta if bound is None else bound)
+            stale_drops = report.groups_dropped - report.drops_by_reason.get("end_of_run", 0)
+            if policy in NO_DROP_AUDITED and (not report.ok or stale_drops or (policy == "lookahead" and report.groups_dropped)):
+                raise SystemExit(f"{policy} audit failed in {scenario} η={eta} seed={seed}: {report.verdict()}")
             if report.length_bias != result.summary["length_bias"]:  # the ledger's true lengths are the truth
                 raise SystemExit(f"{policy} {scenario} η={eta} seed={seed}: the audit's length bias "
                                  f"{report.length_bias} is not the simulator's {result.summary['length_bias']}")
@@ -84,7 +92,7 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
     ends = [row["end_s"] for row in result.steps]
     steady = 3600 * config.ctx.batch_groups * (last - first) / (ends[last] - ends[first])
     return {
-        "scenario": scenario, "policy": policy, "eta": eta, "seed": seed, "extra": " ".join(extra),
+        "scenario": scenario, "policy": policy, "eta": eta, "seed": seed, "extra": " ".join(extra), "bound": bound,
         "groups_per_hour": s["steps_per_hour"] * config.ctx.batch_groups, "steady_gph": steady,
         "trainer_busy": s["trainer_busy_fraction"], "generator_busy": s["generator_busy_fraction"],
         "stale_drops": s["groups_dropped"] - drops.get("end_of_run", 0),
@@ -94,6 +102,11 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
         "length_ks": s["length_bias"]["ks"], "length_ratio": s["length_bias"]["mean_length_ratio"],
         "length_ks_estimate": estimate["ks"],
     }
+
+
+def staleness_bound(config) -> int | None:
+    """The policy's own bound for this run (η for most strict policies; None: it bounds nothing)."""
+    return config.build_policy().staleness_bound()
 
 
 def real_run_estimate(run_dir: Path, eta: int | None) -> dict:
@@ -120,6 +133,24 @@ def median_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict]:
         m["deadlock"] = any(r["deadlock"] for r in rs)
         out[key] = m
     return out
+
+
+def matched_bound_table(med: dict[tuple, dict], matched: dict[tuple, int], etas: list[int]) -> list[str]:
+    """Windowed FIFO at η (strict at its realized bound b = S + ⌈(W−1)/P⌉) vs lookahead at η and at b."""
+    lines = ["\n## Matched bound: torchtitan windowed FIFO vs lookahead at the same guarantee\n",
+             "Windowed FIFO runs with S = η and keeps staleness ≤ b = S + ⌈(W−1)/P⌉ (W = ⌊0.3·(S+1)·B⌋); "
+             "lookahead @b runs with η = b, the same guarantee. tinker_paced is strict at η itself.\n",
+             "| scenario | η | bound b | windowed FIFO g/h | max / mean stale | lookahead @η g/h | lookahead @b g/h "
+             "| max / mean stale | lookahead @b ÷ windowed FIFO | tinker_paced @η g/h |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for (sc, eta), b in matched.items():
+        wf, la, lb = (med[(sc, WINDOWED_FIFO, eta, "")], med[(sc, "lookahead", eta, "")], med[(sc, "lookahead", b, "")])
+        tp = med.get((sc, "tinker_paced", eta, ""))
+        lines.append(f"| {sc} | {eta} | {b} | {wf['groups_per_hour']:.0f} | {wf['max_staleness']} / {wf['mean_staleness']:.2f} "
+                     f"| {la['groups_per_hour']:.0f} | {lb['groups_per_hour']:.0f} | {lb['max_staleness']} / "
+                     f"{lb['mean_staleness']:.2f} | {lb['groups_per_hour'] / wf['groups_per_hour']:.3f} | "
+                     f"{'–' if tp is None else format(tp['groups_per_hour'], '.0f')} |")
+    return lines
 
 
 def length_bias_table(med: dict[tuple, dict], etas: list[int]) -> list[str]:
@@ -177,6 +208,12 @@ def main() -> int:
              for sc in SCENARIOS for eta in args.etas for s in seeds]
     jobs += [(sc, p, eta, s, args.steps, ("sim.workers.sync_mode=drain",)) for sc in ("heavy_tail", "slot_limited")
              for p in ("lookahead", *STRICT_RIGIDS) for eta in args.etas for s in seeds]
+    matched = {}  # (scenario, η) -> windowed FIFO's realized bound
+    if WINDOWED_FIFO in policies:
+        matched = {(sc, eta): staleness_bound(compose([*SCENARIOS[sc], f"policy={WINDOWED_FIFO}", f"max_staleness={eta}"]))
+                   for sc in SCENARIOS for eta in args.etas}
+        jobs += [(sc, "lookahead", b, s, args.steps, ()) for sc, b in sorted(set((sc, b) for (sc, _), b in matched.items()))
+                 if b not in args.etas for s in seeds]
     t0 = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         rows = list(pool.map(run_one, jobs, chunksize=4))
@@ -208,9 +245,12 @@ def main() -> int:
             lines.append(f"| {sc} | {eta} | {la:.0f} | {la / rig[0]:.3f} | {la / rig[1]:.3f} | {la / max(rig):.3f} "
                          f"| {steady:.3f} | {ceil:.0f} | {bounds[(sc, eta)]:.0f} |")
 
+    if matched:
+        lines += matched_bound_table(med, matched, args.etas)
+
     for sc in SCENARIOS:
         lines.append(f"\n## {sc}\n")
-        lines.append("| policy | η | strict | groups/h | lookahead ÷ | steady g/h | trainer busy | gen busy | stale drops | "
+        lines.append("| policy | η | bound | groups/h | lookahead ÷ | steady g/h | trainer busy | gen busy | stale drops | "
                      "end-of-run | wasted tokens | max stale | mean stale |")
         lines.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
         for p in policies:
@@ -218,8 +258,9 @@ def main() -> int:
                 m = med[(sc, p, eta, "")]
                 la = med[(sc, "lookahead", eta, "")]["groups_per_hour"]
                 flag = " (deadlock)" if m["deadlock"] else ""
+                bound = "–" if m["bound"] is None else m["bound"]
                 lines.append(
-                    f"| {p}{flag} | {eta} | {'yes' if policy_class(p).strict else 'no'} | {m['groups_per_hour']:.0f} | "
+                    f"| {p}{flag} | {eta} | {bound} | {m['groups_per_hour']:.0f} | "
                     f"{la / m['groups_per_hour']:.3f} | {m['steady_gph']:.0f} | {m['trainer_busy']:.0%} | {m['generator_busy']:.0%} | "
                     f"{m['stale_drops']:.0f} | {m['end_of_run']:.0f} | {m['tokens_wasted']:.0f} | "
                     f"{m['max_staleness']} | {m['mean_staleness']:.2f} |")

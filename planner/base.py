@@ -47,6 +47,8 @@ class Policy(Protocol):
     name: ClassVar[str]
     strict: ClassVar[bool]
 
+    def staleness_bound(self) -> int | None: ...
+
     def admit(self, *, now: float, candidates: Sequence[Candidate]) -> Decision: ...
     def on_group_started(self, *, uid: int, version: int, now: float) -> Decision: ...
     def on_tokens(self, *, uid: int, version: int, tokens: int, now: float) -> Decision: ...
@@ -159,6 +161,16 @@ class PolicyBase:
     @property
     def B(self) -> int:
         return self.ctx.batch_groups
+
+    def staleness_bound(self) -> int | None:
+        """The largest token staleness this policy lets into a batch, or None when it bounds none.
+
+        Default: η for a strict policy, None otherwise. A policy that is strict at a looser
+        bound than η (torchtitan's windowed FIFO: S + ⌈(W−1)/P⌉) overrides it. Tests, the
+        benchmark and `planner.audit` calls that check a policy's own claim read it here, so
+        the rule lives in one place.
+        """
+        return self.eta if self.strict else None
 
     @property
     def next_batch_step(self) -> int:

@@ -14,6 +14,8 @@ from planner.policies import (  # noqa: F401
     roll,
     skyrl,
     slime,
+    tinker,
+    torchtitan,
     trl,
     verl,
 )

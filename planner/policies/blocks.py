@@ -1,6 +1,6 @@
 """Shared L1/L2/L3 building blocks of the baseline policies (docs/design.md §3, reference Part II).
 
-The fourteen baselines differ in a handful of rules, each used by several frameworks. They live
+The sixteen baselines differ in a handful of rules, each used by several frameworks. They live
 here once, as small functions over a `PolicyBase`'s bookkeeping, so that every policy class is a
 short list of "which rule at L1, which at L2, which at L3":
 
@@ -58,6 +58,18 @@ def running_groups(policy: PolicyBase) -> list[Group]:
 def older_than(groups: Iterable[Group], min_version: int) -> list[Group]:
     """Groups whose earliest token version (start version while running) is below `min_version`."""
     return [g for g in groups if g.min_version < min_version]
+
+
+def inflight_groups(policy: PolicyBase) -> list[Group]:
+    """Groups queued in an engine or generating: everything dispatched and not yet done."""
+    return [g for g in policy.groups.values() if g.status in (Status.QUEUED, Status.RUNNING)]
+
+
+def dispatched_before(groups: Iterable[Group], min_version: int) -> list[Group]:
+    """Groups dispatched (admitted) on weights below `min_version`: samplers that tag a group's
+    version at dispatch (NeMo-RL's buffer slot, tinker's sampling client) read `admit_version`,
+    so a request still queued in an engine carries a version too."""
+    return [g for g in groups if g.admit_version < min_version]
 
 
 def drop_all(policy: PolicyBase, groups: Iterable[Group], reason: str) -> list[Drop]:

@@ -4,9 +4,14 @@ All four share two capacity limits: `max_inflight_prompts` generating and `max_b
 admitted but not yet trained or dropped (reserved before generation starts). The three *gated*
 samplers also admit at most one dispatch batch per trainer version beyond a lookahead window:
 batch i may dispatch once i ≤ version + window, i.e. admitted ≤ (window + version + 1)·B, where
-version is the weight version the generation side holds (our `synced`). A group's version below
-is its start weight (earliest token version; the admission version while still queued). All
-samplers fill a batch in completion order (the reference: "按照快慢顺序填充").
+version is the weight version the generation side holds (our `synced`); they refuse a buffer cap
+below that window, B·(window + 1), as upstream's `validate_sampler_buffer_capacity` does.
+
+As upstream's replay buffer, a group's version is the weight version it was *dispatched* on (the
+slot is reserved with it before generation: our admission version `admit_version`), so a request
+still queued in an engine is aborted and evicted like a running one; and a batch takes ready
+groups in buffer order — the order groups were dispatched, not the order they finished.
+Upstream's unit tests, ported onto this API: tests/planner/policies/test_nemo_upstream.py.
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ from planner.base import Group, PolicyBase
 from planner.configs import check
 from planner.policies.blocks import (
     bound_batch,
-    by_completion,
+    by_admission,
     cap_room,
     cumulative_room,
+    dispatched_before,
     drop_all,
     first_batch,
-    older_than,
+    inflight_groups,
     planned_batch_index,
-    running_groups,
 )
 from planner.registry import register
 from planner.types import Admission, Decision, PlanContext, Status
@@ -47,6 +52,11 @@ class NemoStalenessParams:
         v = self.max_staleness_versions
         check(v >= 0, "policy.max_staleness_versions", v, "must be >= 0")
         _check_caps(self)
+
+
+@dataclass(frozen=True)
+class NemoWindowedParams(NemoStalenessParams):
+    sample_freshest_first: bool = False  # take the freshest in-window version first (upstream's option)
 
 
 @dataclass(frozen=True)
@@ -84,11 +94,26 @@ class _Nemo(PolicyBase):
         return self.capacity_room()
 
     def evict_below_window(self, step: int) -> list:
-        """Drop done groups that left the window [step − window, step] (NeMo's default `evict`)."""
-        return drop_all(self, older_than(self.done, step - self.window), "nemo_evict_stale")
+        """Drop *ready* groups dispatched below the window [step − window, step] (NeMo's default
+        `evict`; a slot still generating is skipped)."""
+        return drop_all(self, dispatched_before(self.done, step - self.window), "nemo_evict_stale")
+
+    def in_window(self, groups, step: int) -> list[Group]:
+        """Groups dispatched on a version in [step − window, step], in dispatch (buffer) order."""
+        return by_admission(g for g in groups if step - self.window <= g.admit_version <= step)
 
 
 class _Gated(_Nemo):
+    """One dispatch batch per trainer version beyond the window (upstream `_GatedSampler`)."""
+
+    def __init__(self, ctx: PlanContext, params: Any | None = None) -> None:
+        super().__init__(ctx, params)
+        required = self.B * (self.window + 1)  # upstream's required_buffer_capacity
+        cap = self.params.max_buffered_rollouts
+        check(cap is None or cap >= required, "policy.max_buffered_rollouts", cap,
+              f"below the {self.name} sampler's required capacity batch_groups·({self.window_param} + 1) = "
+              f"{required}; admission would deadlock waiting for buffer slots")
+
     def admission_quota(self, now: float) -> int:
         gate = cumulative_room(self, lead_groups=self.window * self.B, progress=self.synced)
         return min(gate, self.capacity_room())
@@ -99,22 +124,27 @@ class NemoWindowed(_Nemo):
     """NeMo-RL `windowed`. Mapping from η: `max_staleness_versions = η`.
 
     L1: the two capacity limits only (no gate on training progress). L2 before each weight sync
-    (`on_version_published(v)`): abort running groups started before v − η. L3 at step k: evict
-    done groups started before k − η, take B in completion order. Strict.
+    (`on_version_published(v)`): abort groups in flight — queued in an engine or running —
+    dispatched before v − η (upstream `should_abort_inflight`). L3 at step k: evict done groups
+    dispatched before k − η, take B in-window done groups in dispatch order, or the freshest
+    version first with `sample_freshest_first` (ties in dispatch order). Strict.
     """
 
     name = "nemo_windowed"
     strict = True
-    Params = NemoStalenessParams
+    Params = NemoWindowedParams
 
     def on_version_published(self, *, version: int, now: float) -> Decision:
         super().on_version_published(version=version, now=now)
-        stale = older_than(running_groups(self), version - self.window)
+        stale = dispatched_before(inflight_groups(self), version - self.window)
         return Decision(drop=drop_all(self, stale, "nemo_abort_inflight"))
 
     def choose_batch(self, step: int, now: float) -> Decision:
         drops = self.evict_below_window(step)
-        return Decision(drop=drops, train=first_batch(by_completion(self.done), self.B))
+        ready = self.in_window(self.done, step)
+        if self.params.sample_freshest_first:
+            ready.sort(key=lambda g: (step - g.admit_version, g.seq))
+        return Decision(drop=drops, train=first_batch(ready, self.B))
 
 
 @register
@@ -122,8 +152,8 @@ class NemoWeightFifo(_Gated):
     """NeMo-RL `weight_fifo`. Mapping from η: `max_staleness_versions = η`.
 
     L1: gate of η batches plus capacity limits. L2: none. L3 at step k: evict done groups below
-    the window; the target is the oldest version among untrained in-window groups (done or not);
-    only its done groups are taken, in completion order, and the trainer waits until B are.
+    the window; the target is the oldest dispatch version among untrained in-window groups (done
+    or not); only its done groups are taken, in dispatch order, and the trainer waits until B are.
     Strict, no drops in practice (the gate keeps every version's cohort trainable in its window).
 
     Deviation (documented): when the target version has no group left generating and fewer than B
@@ -138,13 +168,12 @@ class NemoWeightFifo(_Gated):
     def choose_batch(self, step: int, now: float) -> Decision:
         drops = self.evict_below_window(step)
         cohorts: dict[int, list[Group]] = {}
-        for g in self.groups.values():
-            if g.min_version >= step - self.window:  # a straggler below the window is evicted when done
-                cohorts.setdefault(g.min_version, []).append(g)
+        for g in self.in_window(self.groups.values(), step):  # a straggler below it is evicted when done
+            cohorts.setdefault(g.admit_version, []).append(g)
         picked: list[Group] = []
         for version in sorted(cohorts):
             members = cohorts[version]
-            picked += by_completion(g for g in members if g.status == Status.DONE)
+            picked += [g for g in members if g.status == Status.DONE]
             if len(picked) >= self.B or any(g.status != Status.DONE for g in members):
                 break  # never skip past a version that is still generating
         return Decision(drop=drops, train=first_batch(picked, self.B))
@@ -154,8 +183,9 @@ class NemoWeightFifo(_Gated):
 class NemoReadyFirst(_Gated):
     """NeMo-RL `ready_first`. Mapping from η: `max_staleness_versions = η` (gate only).
 
-    L1: gate of η batches plus capacity limits. L2: none. L3: B done groups in completion order,
-    no version check, nothing evicted. Not strict: a slow group is overtaken and trained late.
+    L1: gate of η batches plus capacity limits. L2: none. L3: B done groups dispatched on a
+    version ≤ k, in dispatch order, no lower version check, nothing evicted. Not strict: a slow
+    group is overtaken and trained late.
     """
 
     name = "nemo_ready_first"
@@ -163,7 +193,8 @@ class NemoReadyFirst(_Gated):
     Params = NemoStalenessParams
 
     def choose_batch(self, step: int, now: float) -> Decision:
-        return Decision(train=first_batch(by_completion(self.done), self.B))
+        ready = by_admission(g for g in self.done if g.admit_version <= step)
+        return Decision(train=first_batch(ready, self.B))
 
 
 @register
@@ -171,8 +202,8 @@ class NemoInOrder(_Gated):
     """NeMo-RL `in_order`. Mapping from η: `max_lookahead_versions = η`.
 
     L1: gate of η batches plus capacity limits; dispatch batch i (the i-th B admissions) is
-    stamped `target_step = i`. L2: none. L3 at step k: only batch k, once all its groups are done;
-    wait otherwise. Strict: batch i dispatches at synced version ≥ i − η and trains at step i.
+    stamped `target_step = i`. L2: none. L3 at step k: evict done groups stamped for a step before
+    k (unreachable here, see below); only batch k, once all its groups are done; wait otherwise. Strict: batch i dispatches at synced version ≥ i − η and trains at step i.
     """
 
     name = "nemo_in_order"
@@ -185,4 +216,7 @@ class NemoInOrder(_Gated):
         return Admission(group.uid, group.prompt_id, group.admit_version, priority=float(group.seq), planned_step=target)
 
     def choose_batch(self, step: int, now: float) -> Decision:
-        return Decision(train=bound_batch(self, step))
+        # Upstream's evict is keyed on target_step, as select is: a ready group whose step has passed
+        # can never be selected. Our trainer never passes step k without batch k, so this is a guard.
+        past = [g for g in self.done if g.planned_step is not None and g.planned_step < step]
+        return Decision(drop=drop_all(self, past, "nemo_evict_stale"), train=bound_batch(self, step))
