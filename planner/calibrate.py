@@ -41,6 +41,7 @@ from planner.run_trace import TRACE_FILE, read_run_trace
 from planner.sim.config import SimConfig
 
 CALIBRATION_FILE = "calibration.yaml"
+SPEED_ROUNDS = 50  # alternating fits of the coefficients and the worker speeds
 OUTLIER = 3.0  # a trainer step this many times the median compiled something: left out
 
 
@@ -109,22 +110,24 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     decode = [e for e in by["decode"] if not e.get("compile")]
     _need(decode, "decode", path, f"engine={head.get('engine')} reports no iteration timings")
 
-    # Decoding: one global fit, then each worker's speed as its measured / predicted time.
+    # Decoding: the coefficients at speed 1 and each worker's speed, fitted in turn (each step is
+    # a least-squares fit given the other) until they settle; speeds are relative (mean 1).
     x = np.array([[e["steps"], e["tokens"], e["prefill_tokens"]] for e in decode], float)
     y = np.array([e["s"] for e in decode], float)
-    dec = _fit(x, y, len(by["decode"]) - len(decode))
-    alpha, beta, prefill = dec.coef
     workers = int(head["workers"])
-    speeds = None
-    if workers > 1:
-        ratio = np.ones(workers)
+    index = np.array([e["worker"] for e in decode])
+    speed = np.ones(workers)
+    for _ in range(SPEED_ROUNDS if workers > 1 else 1):
+        dec = _fit(x, y * speed[index], len(by["decode"]) - len(decode))
+        pred = x @ dec.coef
         for w in range(workers):
-            mine = np.array([e["worker"] == w for e in decode])
-            if mine.any() and y[mine].sum() > 0:
-                ratio[w] = (x[mine] @ dec.coef).sum() / y[mine].sum()
-        mean = ratio.mean()
-        speeds = [round(float(r / mean), 4) for r in ratio]
-        alpha, beta, prefill = alpha / mean, beta / mean, prefill / mean
+            mine = index == w
+            if mine.any() and (pred[mine] * y[mine]).sum() > 0:  # y = pred / speed: least squares in 1/speed
+                speed[w] = (pred[mine] ** 2).sum() / (pred[mine] * y[mine]).sum()
+        speed /= speed.mean()
+    dec = _fit(x, y * speed[index], dec.left_out)
+    alpha, beta, prefill = dec.coef
+    speeds = [round(float(s), 4) for s in speed] if workers > 1 else None
 
     # The trainer: batch handed over -> version published (the last step publishes nothing: its end).
     published = {e["version"]: e["t"] for e in by["publish"]}
