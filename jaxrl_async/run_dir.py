@@ -22,7 +22,7 @@ from typing import IO
 LOCK_FILE = "run.lock"
 ATTEMPTS_DIR = "attempts"
 # What a run writes into its directory (Hydra's `.hydra/` and the lock stay where they are).
-RUN_FILES = ("ledger.jsonl", "metrics.jsonl", "summary.json", "policy_events.jsonl", "checkpoints", "tb", "hf")
+RUN_FILES = ("ledger.jsonl", "metrics.jsonl", "trace.jsonl", "summary.json", "policy_events.jsonl", "checkpoints", "tb", "hf")
 
 
 class RunDirLock:

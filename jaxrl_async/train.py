@@ -12,6 +12,8 @@ error. `TrainJob` builds the components, runs the `Controller`, and ends the run
 
     run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
     run_dir/metrics.jsonl    one record per step;  run_dir/tb/ the same in TensorBoard
+    run_dir/trace.jsonl      the timing trace: groups, steps, pushes, engine iterations
+                             (planner/run_trace.py; `python -m planner.calibrate` fits it)
     run_dir/summary.json     docs/design.md §8 keys (+ extensions, + the audit's verdict)
     run_dir/checkpoints/     orbax (after step 1, every `checkpoint_every` steps, on SIGTERM or
                              SIGINT, at the end)
@@ -165,6 +167,7 @@ class TrainJob:
         from jaxrl_async.tasks import build_task
         from jaxrl_async.trainer.trainer import Trainer
         from planner.ledger import LEDGER_FILE
+        from planner.run_trace import TRACE_FILE
 
         run = setup.run
         resuming = bool(run.resume)
@@ -220,6 +223,8 @@ class TrainJob:
             if self.leader:
                 truncate(self.run_dir / LEDGER_FILE, self._meta["ledger_bytes"])
                 truncate(self.run_dir / METRICS_FILE, self._meta["metrics_bytes"])
+                if self._meta.get("trace_bytes") is not None:  # older checkpoints: no trace
+                    truncate(self.run_dir / TRACE_FILE, self._meta["trace_bytes"])
         if self.channel is not None and self.leader:
             from jaxrl_async.cluster.lockstep import lead
 
@@ -233,6 +238,7 @@ class TrainJob:
         from jaxrl_async.runtime.progress import ProgressDisplay
         from planner.ledger import LEDGER_FILE, LedgerWriter
         from planner.registry import make_policy
+        from planner.run_trace import TRACE_FILE, TraceWriter
         from planner.sim.recorder import EventRecorder
         from planner.types import PlanContext
 
@@ -255,7 +261,8 @@ class TrainJob:
             run, policy=driven, engine=self._engine, trainer=self.trainer, task=self.task, tokenizer=tokenizer,
             stream=stream, ledger=ledger, run_dir=self.run_dir, sinks=sinks, checkpointer=self.checkpointer,
             stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype,
-            run_config_meta=_run_meta(run, self.setup, self.task), eval_prompts=list(map(encode, self.eval_examples)))
+            run_config_meta=_run_meta(run, self.setup, self.task), eval_prompts=list(map(encode, self.eval_examples)),
+            trace=TraceWriter(self.run_dir / TRACE_FILE, append=resuming), trace_meta=trace_meta(self.setup))
         if self._meta is not None:
             self.controller.load_checkpoint_meta(self._meta)
 
@@ -335,6 +342,7 @@ class TrainJob:
             result = asyncio.run(self._run())
         finally:
             self.controller.ledger.close()
+            self.controller.trace.close()
             for sink in self.controller.sinks:
                 sink.close()
             if self.recorder is not None:
@@ -384,6 +392,22 @@ class TrainJob:
                               else jnp.asarray(x), self.trainer.host_params())
         model = nnx.merge(self.trainer.graphdef, params)
         return save_hf(model, self.loaded.cfg, self.run_dir / "hf", self.loaded.tokenizer)
+
+
+def trace_meta(setup: TrainSetup) -> dict[str, Any]:
+    """The timing trace's `run` line (planner/run_trace.py): the planner's context and what the
+    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode."""
+    from jaxrl_async.engines.registry import ENGINES
+
+    run, engine = setup.run, setup.engine
+    workers = setup.cluster.ray.num_workers if setup.cluster.name == "ray" else getattr(engine, "replicas", 1)
+    slots = getattr(engine, ENGINES[setup.engine_name].slots_key)
+    max_len = getattr(engine, "max_len", None)
+    return {"policy": setup.policy_name, "max_staleness": run.max_staleness, "batch_groups": run.batch_groups,
+            "group_size": run.group_size, "admission_window": run.window, "max_new_tokens": run.max_new_tokens,
+            "engine": setup.engine_name,
+            "workers": workers, "slots": slots, "kv_tokens": None if max_len is None else slots * max_len,
+            "sync_mode": getattr(engine, "sync_mode", "partial")}
 
 
 def make_generation_engine(setup: TrainSetup, loaded, placement, on_lost):

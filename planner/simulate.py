@@ -8,6 +8,10 @@ Hydra composes `conf/simulate.yaml`; `SimulateConfig.from_mapping` turns the res
 validated objects once, here. Bad input (unknown key, η < 0, a non-positive batch, an unknown
 policy) is one line on stderr and exit status 1. The run directory receives `summary.json`,
 `ledger.jsonl`, `metrics.jsonl` and two plots (`staleness_hist.png`, `utilisation.png`).
+
+`calibration=FILE` (a `planner.calibrate` output, docs/calibration.md) sets the cluster from a
+real run's fit: its `sim:` mapping goes over the `sim=` group's file and under the command line's
+own `sim.*` overrides, so `calibration=F sim.workers.load_lag=0` changes one fitted value.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from planner.configs import build, check, check_keys, register_defaults
 from planner.ledger import LEDGER_FILE, LedgerWriter
@@ -30,7 +36,8 @@ from planner.sim.workloads import WORKLOADS, Workload, make_workload
 from planner.types import PlanContext
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
-TOP_KEYS = ("policy", "max_staleness", "batch_groups", "group_size", "steps", "seed", "workload", "sim")
+TOP_KEYS = ("policy", "max_staleness", "batch_groups", "group_size", "steps", "seed", "workload", "sim", "calibration")
+CALIBRATION_KEYS = ("sim", "fit", "run")  # fit and run are for people; only sim is applied
 
 
 def register_config_nodes() -> None:
@@ -56,11 +63,16 @@ class SimulateConfig:
     sim: SimConfig
 
     @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any]) -> SimulateConfig:
+    def from_mapping(cls, cfg: Mapping[str, Any], sim_overrides: Mapping[str, Any] | None = None) -> SimulateConfig:
+        """`sim_overrides`: the `sim` keys the command line set itself, which win over `calibration`."""
+        cfg = dict(cfg)
+        cfg.setdefault("calibration", None)
         check_keys(cfg, TOP_KEYS, "")
         for key in TOP_KEYS:
             if key not in cfg:
                 raise ValueError(f"{key}: missing")
+        if cfg["calibration"] is not None:
+            cfg["sim"] = merge(merge(cfg["sim"], load_calibration(cfg["calibration"])), sim_overrides or {})
         policy = dict(cfg["policy"] or {})
         name = policy.pop("name", None)
         policy_class(name)  # unknown name -> "policy=X: unknown policy (known: ...)"
@@ -81,6 +93,37 @@ class SimulateConfig:
 
     def build_workload(self) -> Workload:
         return make_workload(self.workload, self.ctx.group_size)
+
+
+def load_calibration(path: Any) -> dict[str, Any]:
+    """The `sim:` mapping of a calibration file; a one-line ValueError naming the file otherwise."""
+    check(isinstance(path, str) and bool(path), "calibration", path, "must be a file path (planner.calibrate's output)")
+    try:
+        obj = yaml.safe_load(Path(path).read_text())
+    except OSError as e:
+        raise ValueError(f"calibration={path}: cannot read it ({e.strerror})") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"calibration={path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(obj, dict) or not isinstance(obj.get("sim"), dict):
+        raise ValueError(f"calibration={path}: needs a `sim:` mapping of sim.* keys (python -m planner.calibrate RUN_DIR)")
+    check_keys(obj, CALIBRATION_KEYS, f"calibration={path}:")
+    return obj["sim"]
+
+
+def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `over`'s keys on top, nested mappings merged key by key."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
+    return out
+
+
+def sim_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """The `sim.*` keys among Hydra's command-line overrides, as a nested mapping."""
+    from omegaconf import OmegaConf
+
+    mine = [o.lstrip("+") for o in overrides if o.lstrip("+").startswith("sim.") and "=" in o]
+    return OmegaConf.to_container(OmegaConf.from_dotlist(mine)).get("sim", {}) if mine else {}
 
 
 def run_simulation(
@@ -135,7 +178,8 @@ def _app(cfg: Any) -> None:
     from omegaconf import OmegaConf
 
     try:
-        config = SimulateConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True))
+        config = SimulateConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True),
+                                             sim_overrides(HydraConfig.get().overrides.task))
     except ValueError as e:
         _fail(e)
     result = run_simulation(config, HydraConfig.get().runtime.output_dir)

@@ -428,6 +428,10 @@ class RayEngineProxy(GenerationEngine):
     def outputs(self) -> AsyncIterator[SampleOutput]:
         return read_outputs(self._out)
 
+    def worker_of(self, request_id: str) -> int:
+        worker = self._owner.get(request_id)
+        return 0 if worker is None else worker.index
+
     async def stats(self) -> EngineStats:
         live = [w for w in self.workers if w.alive]
         parts = await asyncio.gather(*(self._call(w, "stats") for w in live), return_exceptions=True)

@@ -158,6 +158,34 @@ class EngineStats:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EngineTiming:
+    """One timed piece of engine work, for the run's timing trace (docs/calibration.md).
+
+    Attributes:
+      kind: "decode" (one engine iteration: admission, prefill, decode steps) or "load" (new
+        weights took effect).
+      worker: the replica (or worker) index within the engine; 0 for a single engine.
+      t: `time.monotonic()` when the work began.
+      seconds: how long it took.
+      steps: decode steps in the iteration (every active sequence advances one token a step).
+      tokens: tokens the iteration produced (steps × mean active sequences).
+      prefill_tokens: prompt tokens prefilled in the iteration.
+      version: the weights loaded ("load").
+      compiled: the iteration compiled a step first (its time is not the step's cost).
+    """
+
+    kind: Literal["decode", "load"]
+    worker: int
+    t: float
+    seconds: float
+    steps: int = 0
+    tokens: int = 0
+    prefill_tokens: int = 0
+    version: int = 0
+    compiled: bool = False
+
+
 class GenerationEngine(abc.ABC):
     """An async generation backend. All methods are called from one asyncio event loop."""
 
@@ -197,6 +225,15 @@ class GenerationEngine(abc.ABC):
     @abc.abstractmethod
     async def stats(self) -> EngineStats:
         """A snapshot of the engine's load."""
+
+    def timings(self) -> list[EngineTiming]:
+        """The work timed since the last call, oldest first (the run's timing trace). An engine
+        that cannot time its iterations (vLLM's own processes, Ray workers) returns []."""
+        return []
+
+    def worker_of(self, request_id: str) -> int:
+        """The replica (or worker) index that holds the request; 0 for a single engine."""
+        return 0
 
 
 def least_loaded(loads: Mapping[int, int]) -> int:

@@ -18,11 +18,12 @@ weighting the load by prompt length; both would need the replicas' queues, not t
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, least_loaded, read_outputs)
+from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
+                                      GenerationRequest, SampleOutput, least_loaded, read_outputs)
 
 
 class ReplicatedEngine(GenerationEngine):
@@ -86,6 +87,15 @@ class ReplicatedEngine(GenerationEngine):
             busy_fraction=sum(p.busy_fraction for p in parts) / len(parts),
             version=min(p.version for p in parts),
             extra={"replicas": len(parts), "per_replica_active": [p.active_slots for p in parts]})
+
+    def timings(self) -> list[EngineTiming]:
+        """Every replica's timings, each tagged with its replica index, oldest first."""
+        out = [dataclasses.replace(t, worker=i) for i, r in enumerate(self.replicas) for t in r.timings()]
+        return sorted(out, key=lambda t: t.t)
+
+    def worker_of(self, request_id: str) -> int:
+        index = self._owner.get(request_id)
+        return 0 if index is None else index
 
     def replica_of(self, request_id: str) -> int | None:
         """The index of the replica holding the request; None once it is done (or unknown)."""

@@ -36,6 +36,12 @@ each goes through the same fault path, with one warning line, counted as `groups
 engine that streams nothing through `rollout.max_quiet_stalls` stall rounds hangs: the run saves a
 checkpoint (when no step is training) and ends with a one-line `EngineHungError`.
 
+Timing trace (`trace`, planner/run_trace.py, docs/calibration.md): every admission, start, finish,
+loss and drop of a group, every step (batch handed over, optimizer step, publish), every push
+(each worker's load, the push's return) and the engine's iterations, in run seconds — what
+`planner.calibrate` fits the simulator to. It is flushed with the ledger and cut back with it on
+resume (`trace_bytes` in the checkpoint).
+
 Stopping: `request_stop()` (SIGTERM, SIGINT) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
 planner's fault path (`on_group_lost(prefix_kept=False)`), done ones keep their samples.
@@ -69,6 +75,7 @@ from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import Held, apply_decision
 from planner.ledger import LEDGER_FILE, LedgerWriter
+from planner.run_trace import TRACE_FILE, TraceWriter
 from planner.types import Admission, Candidate, Decision, Drop, Move
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"
@@ -110,7 +117,8 @@ class Controller:
                  tokenizer: Tokenizer, stream: Any, ledger: LedgerWriter, run_dir: str | Path,
                  sinks: list[MetricsSink] = (), checkpointer: Checkpointer | None = None,
                  stop_token_ids: tuple[int, ...] = (), engine_dtype: str = "float32",
-                 run_config_meta: dict[str, Any] | None = None, eval_prompts: list[Prompt] | None = None) -> None:
+                 run_config_meta: dict[str, Any] | None = None, eval_prompts: list[Prompt] | None = None,
+                 trace: TraceWriter | None = None, trace_meta: dict[str, Any] | None = None) -> None:
         self.cfg = cfg
         self.policy = policy
         self.engine = engine
@@ -160,11 +168,35 @@ class Controller:
         self._eval_pending: dict[str, Any] = {}
         self.last_eval: dict[str, Any] | None = None
         self._reward_log = RewardErrorLog()
+        self.trace = trace
+        self.trace_meta = dict(trace_meta or {})  # the `run` line's engine and planner settings
+        self._handed_at = 0.0  # run seconds when the batch in training was handed over
 
     # ================================================================== time
     def now(self) -> float:
         """Seconds since the run began, earlier segments of a resumed run included."""
         return self.stats.elapsed_s + (time.monotonic() - self._t0)
+
+    def _trace(self, event: str, **fields: Any) -> None:
+        if self.trace is not None:
+            self.trace.write(event, self.now(), **fields)
+
+    def _trace_engine(self) -> None:
+        """The engine's timings since the last call: each load, and the iterations aggregated."""
+        if self.trace is None:
+            return
+        decode = []
+        for e in self.engine.timings():
+            if e.kind == "load":
+                t = self.stats.elapsed_s + (e.t - self._t0)
+                self.trace.write("load", t, version=e.version, worker=e.worker, s=round(e.seconds, 6))
+            else:
+                decode.append((e.worker, e.seconds, e.steps, e.tokens, e.prefill_tokens, e.compiled))
+        self.trace.decode(self.now(), decode)
+
+    def _flush_trace(self) -> None:
+        if self.trace is not None:
+            self.trace.flush(sync=True)
 
     # ================================================================== public
     def request_stop(self) -> None:
@@ -186,6 +218,7 @@ class Controller:
         self._last_record = (self.now(), self.stats.tokens_generated)
         self._segment_first_step = self.step
         self._engine_t0 = time.monotonic()
+        self._trace("run", step=self.step, **self.trace_meta)
         await self.engine.start()
         try:
             if self.version:
@@ -205,6 +238,9 @@ class Controller:
             await self.engine.stop()
             self._train_thread.shutdown(wait=True)
             self.ledger.flush()
+            self._trace_engine()
+            if self.trace is not None:
+                self.trace.flush()
 
     async def _begin(self) -> None:
         """Regenerate the groups a restart interrupted, then the first admissions."""
@@ -231,6 +267,7 @@ class Controller:
         re-admission (or drop). A policy that does neither would lose the group: an error."""
         self._collector.close(self.groups[uid].rollout)  # late pieces of this attempt are ignored from now on
         self._lost.add(uid)
+        self._trace("lost", uid=uid, attempt=self.groups[uid].rollout.attempt)
         self._apply(self.policy.on_group_lost(uid=uid, prefix_kept=False, now=self.now()), "on_group_lost")
         if uid in self._lost:
             raise RuntimeError(f"policy {self.policy.name}: on_group_lost(uid={uid}) neither re-admitted nor "
@@ -349,6 +386,8 @@ class Controller:
         rollout = self._collector.open(a.uid, prompt.prompt_id, prompt.prompt_ids, n, attempt)
         self.groups[a.uid] = LiveGroup(prompt, rollout)
         self.ledger.admit(a)
+        self._trace("admit", uid=a.uid, attempt=attempt, prompt_id=prompt.prompt_id,
+                    prompt_tokens=len(prompt.prompt_ids), version=a.version)
         sampling = SamplingParams(
             max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
             stop_token_ids=self.stop_token_ids, n=n, seed=sampling_seed(self.cfg.seed, a.uid, attempt))
@@ -374,6 +413,7 @@ class Controller:
             self._queue("abort", live.rollout.request_id)
         tokens = live.rollout.tokens
         self.ledger.drop(d, tokens)
+        self._trace("drop", uid=d.uid)
         self.stats.groups_dropped += 1
         self.stats.tokens_wasted += tokens
         self._ask = True
@@ -427,9 +467,13 @@ class Controller:
                 self.stats.tokens_generated += sum(c for _, c in event.new_tokens)
                 if event.started_version is not None:
                     self.ledger.start(group.uid, event.started_version)
+                    self._trace("start", uid=group.uid, attempt=group.attempt, version=event.started_version,
+                                worker=self.engine.worker_of(piece.request_id))
                     self._apply(self.policy.on_group_started(uid=group.uid, version=event.started_version, now=now),
                                 "on_group_started")
                 if event.group_done:
+                    self._trace("finish", uid=group.uid, attempt=group.attempt,
+                                lengths=[len(s.token_ids) for s in group.samples])
                     self.groups[group.uid].phase = SCORING
                     self._spawn(self._score, self.groups[group.uid])
                 else:
@@ -462,6 +506,7 @@ class Controller:
         step = self.step
         groups = [self.groups.pop(uid).rollout for uid in uids]
         self.ledger.train(step, [(g.uid, g.token_versions()) for g in groups])
+        self._handed_at = self.now()
         self._training = True
         self._spawn(self._train, step, groups)
 
@@ -484,17 +529,27 @@ class Controller:
             version = step + 1
             self._apply(self.policy.on_step_done(step=step, now=self.now()), "on_step_done")
             last = self.step >= self.cfg.steps
+            if self.trace is not None:  # at the time the batch was handed over
+                self.trace.write("train", self._handed_at, step=step, start=round(start_s, 6),
+                                 end=round(start_s + train_s, 6), groups=len(groups),
+                                 tokens=sum(len(s.token_ids) for g in groups for s in g.samples),
+                                 prompt_tokens=sum(len(g.prompt_ids) * len(g.samples) for g in groups))
             if not last:
+                self._trace("publish", version=version)
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
             await self._flush_engine_commands()
             timing = StepTiming(wait_s, train_s, overlap_s, start_s, start_s + train_s)
             # The ledger before the metrics record: a kill between them leaves metrics.jsonl no
             # longer than the ledger's steps (the audit compares the two).
             self.ledger.flush(sync=True)
+            self._flush_trace()
             await self._record(step, groups, hist, metrics, timing)
         if not last:
             await self._push(version)
         async with self._mutex:
+            if not last:
+                self._trace("synced", version=version)
+            self._trace_engine()
             if not last:
                 self.version = version
                 self._release_held()
@@ -521,6 +576,7 @@ class Controller:
             # Durable up to this completed step (and the next step's admissions): a SIGKILL from
             # here on loses at most the step in progress (docs/fault_tolerance.md).
             self.ledger.flush(sync=True)
+            self._flush_trace()
 
     async def _start_eval(self, version: int) -> None:
         """Evaluate the weights `version` the engine now holds on the held-out prompts, behind every
@@ -584,7 +640,8 @@ class Controller:
             window=tuple((c.uid, p) for c, p in self.window),
             groups=tuple(SavedGroup(g.prompt, g.phase, copy.deepcopy(g.rollout)) for g in self.groups.values()),
             stats=copy.deepcopy(self.stats if stats is None else stats),
-            ledger_bytes=_size(self.run_dir / LEDGER_FILE), metrics_bytes=_size(self.run_dir / METRICS_FILE))
+            ledger_bytes=_size(self.run_dir / LEDGER_FILE), metrics_bytes=_size(self.run_dir / METRICS_FILE),
+            trace_bytes=_size(self.run_dir / TRACE_FILE) if self.trace is not None else None)
 
     def restore(self, snap: ControllerSnapshot) -> None:
         """Continue from `snap` (the trainer is restored by the caller). Groups that were generating
@@ -608,6 +665,7 @@ class Controller:
         if self.checkpointer is None:
             return
         self.ledger.flush(sync=True)
+        self._flush_trace()
         meta = to_json(self.snapshot(await self._stats_now()))
         self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
 

@@ -13,7 +13,8 @@ kept across the restart):
 - every admitted, untrained group with its prompt, its phase and — for done groups — its
   completed samples and rewards. Groups still generating (or being scored) are regenerated on
   resume through the planner's fault path, `on_group_lost(prefix_kept=False)`;
-- the run statistics so far, and the byte lengths of `ledger.jsonl` / `metrics.jsonl`, which a
+- the run statistics so far, and the byte lengths of `ledger.jsonl` / `metrics.jsonl` /
+  `trace.jsonl` (an older checkpoint has no trace length: nothing to cut), which a
   resume cuts back to (`checkpoint.truncate`) so that no event after the save is counted twice;
 - `run`: the settings a resume must match (policy, B, n, η, seed), checked by the entry point.
 """
@@ -53,6 +54,7 @@ class ControllerSnapshot:
     stats: RunStats  # the run's totals up to the save
     ledger_bytes: int  # ledger.jsonl's length at the save: a resume cuts it back to this
     metrics_bytes: int  # metrics.jsonl's, likewise
+    trace_bytes: int | None = None  # trace.jsonl's, likewise (None: the run writes no trace)
 
 
 def to_json(snap: ControllerSnapshot) -> dict[str, Any]:
@@ -70,6 +72,7 @@ def to_json(snap: ControllerSnapshot) -> dict[str, Any]:
         "stats": snap.stats.to_json(),
         "ledger_bytes": snap.ledger_bytes,
         "metrics_bytes": snap.metrics_bytes,
+        "trace_bytes": snap.trace_bytes,
     }
 
 
@@ -82,4 +85,4 @@ def from_json(meta: dict[str, Any]) -> ControllerSnapshot:
         groups=tuple(SavedGroup(Prompt(**g["prompt"]), g["phase"], GroupRollout.from_json(g["rollout"]))
                      for g in meta["groups"]),
         stats=RunStats.from_json(meta["stats"]),
-        ledger_bytes=meta["ledger_bytes"], metrics_bytes=meta["metrics_bytes"])
+        ledger_bytes=meta["ledger_bytes"], metrics_bytes=meta["metrics_bytes"], trace_bytes=meta.get("trace_bytes"))

@@ -32,6 +32,9 @@ class WorkerConfig:
     decode_beta: float = 1e-4  # s per decode step per active sequence (KV reads)
     prefill_per_token: float = 2e-5  # s per prompt (or resumed prefix) token; stalls that worker's decode
     t_sync: float = 2.0  # s to load new weights on one worker
+    # s from the trainer's publish of a version until a worker starts loading it (conversion,
+    # transfer, the engine finishing its iteration): its tokens meanwhile are on the old version.
+    load_lag: float = 0.0
     sync_mode: str = "partial"  # partial: load now, in-flight samples continue | drain: finish in-flight, then load
 
     def __post_init__(self) -> None:
@@ -45,7 +48,7 @@ class WorkerConfig:
                 check(s > 0, f"{p}.speeds[{i}]", s, "must be > 0")
         for name in ("max_concurrency", "kv_capacity", "decode_alpha"):
             check(getattr(self, name) > 0, f"{p}.{name}", getattr(self, name), "must be > 0")
-        for name in ("decode_beta", "prefill_per_token", "t_sync"):
+        for name in ("decode_beta", "prefill_per_token", "t_sync", "load_lag"):
             check(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
         check_sync_mode(f"{p}.sync_mode", self.sync_mode, SYNC_MODES)
 
@@ -59,8 +62,13 @@ class SimTrainerConfig:
 
     c0: float = 5.0  # s: fixed cost (optimizer update, publish)
     c1: float = 1.5e-4  # s per token in the batch
+    # true: the next step starts only once every live worker holds the version the last one
+    # published (the runtime pushes weights before it selects the next batch); false: the
+    # trainer goes on while the workers load.
+    wait_sync: bool = False
 
     def __post_init__(self) -> None:
+        check(isinstance(self.wait_sync, bool), "sim.trainer.wait_sync", self.wait_sync, "must be true or false")
         for name in ("c0", "c1"):
             check(getattr(self, name) >= 0, f"sim.trainer.{name}", getattr(self, name), "must be >= 0")
         if self.c0 + self.c1 <= 0:

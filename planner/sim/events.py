@@ -20,6 +20,7 @@ class EventKind(enum.IntEnum):
     COMPLETION = 3  # payload: (worker, epoch): the worker's earliest sequence finishes
     STEP_DONE = 4  # payload: step
     STALL = 5  # payload: (uid, worker, run token): the stall timeout of a hung attempt expires
+    LOAD = 6  # payload: (worker, version, life): the worker starts loading a published version (load_lag)
 
 
 Event = tuple[float, EventKind, Any]

@@ -18,6 +18,13 @@ runtime does. Simplification: only hung attempts stall here; a group queued behi
 until their timeout frees the slots (the runtime would also regenerate it once the whole engine
 has been quiet for a timeout).
 
+Publish → load lag (`sim.workers.load_lag`): a worker starts loading a published version that long
+after the publish (a LOAD event), generating on the old weights meanwhile, as a real engine does
+while the trainer's weights are converted and sent. A policy that gates on the published version
+instead of the synced one (openrlhf) admits work that still starts on the old weights; one that
+gates on the synced version (lookahead) is unaffected. `sim.trainer.wait_sync` makes the trainer
+wait for every live worker to hold its last version before the next step, as the runtime does.
+
 Everything random comes from `seed` (numpy Generators spawned per purpose), and nothing reads a
 clock, so a run is a function of (policy, config, seed). A run that runs out of events while the
 trainer still waits is a policy bug: it stops and reports `deadlock: true`.
@@ -101,6 +108,8 @@ class Simulator:
         self.window = AdmissionWindow(workload, data_rng, cfg.admission_window or 2 * ctx.batch_groups)
         self.workers = [Worker(i, cfg.workers) for i in range(cfg.workers.num_workers)]
         self.partial_sync = cfg.workers.sync_mode == "partial"
+        self.load_lag = cfg.workers.load_lag
+        self.wait_sync = cfg.trainer.wait_sync
         self.trainer = SimTrainer(cfg.trainer, ctx.total_steps)
         self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
         self.metrics = RunMetrics()
@@ -126,6 +135,7 @@ class Simulator:
             EventKind.COMPLETION: self._on_completion,
             EventKind.STEP_DONE: self._on_step_done,
             EventKind.STALL: self._on_stall,
+            EventKind.LOAD: self._on_load,
         }
 
     # ================================================================== loop
@@ -156,7 +166,7 @@ class Simulator:
         for _ in range(MAX_SETTLE_ROUNDS):
             self._changed = False
             self._apply(p.admit(now=self.now, candidates=self.window.candidates), "admit")
-            if trainer.waiting and self._ask:
+            if trainer.waiting and self._ask and (not self.wait_sync or self.synced >= trainer.step):
                 self._ask = False
                 self._apply(p.select_batch(step=trainer.step, now=self.now), "select_batch")
             if not self._changed:
@@ -289,6 +299,22 @@ class Simulator:
             self._apply(self.p.on_tokens(uid=g.uid, version=old, tokens=tokens, now=self.now), "on_tokens")
         self._out.append((w.stall_until, EventKind.SYNC_DONE, (w.index, version, w.life)))
 
+    def _begin_load(self, w: Worker, version: int) -> None:
+        """`w` takes published weights `version`: now (partial) or once drained (drain)."""
+        if self.partial_sync:
+            self._load(w, version)
+            self._kick(w, force=True)
+        else:
+            w.pending_version = version
+            self._kick(w)
+
+    def _on_load(self, payload: tuple[int, int, int]) -> None:
+        index, version, life = payload
+        w = self.workers[index]
+        if life != w.life or not w.alive or version <= max(w.version, w.pending_version or 0):
+            return  # died meanwhile, or already on newer weights (revived, or a shorter lag)
+        self._begin_load(w, version)
+
     def _check_synced(self) -> None:
         live = [w.synced_version for w in self.workers if w.alive]
         if live and min(live) > self.synced:
@@ -335,12 +361,10 @@ class Simulator:
         self.published = version
         self._apply(self.p.on_version_published(version=version, now=self.now), "on_version_published")
         for w in live:
-            if self.partial_sync:
-                self._load(w, version)
-                self._kick(w, force=True)
+            if self.load_lag:
+                self._out.append((self.now + self.load_lag, EventKind.LOAD, (w.index, version, w.life)))
             else:
-                w.pending_version = version
-                self._kick(w)
+                self._begin_load(w, version)
         queued = sum(1 for g in self.groups.values() if g.state == GState.QUEUED)
         kv = sum(w.kv_used for w in live) / max(1, sum(w.kv_cap for w in live))
         self._apply(self.p.on_engine_stats(kv_usage=kv, queued=queued, now=self.now), "on_engine_stats")

@@ -22,9 +22,9 @@ from typing import Any
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, read_outputs)
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
+                                      GenerationRequest, SampleOutput, read_outputs)
+from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
 from jaxrl_async.models.config import ModelConfig
 
 
@@ -48,6 +48,8 @@ class JaxEngine(GenerationEngine):
         self._busy_s = 0.0
         self._started_at = 0.0
         self._error: BaseException | None = None  # set when the worker thread died
+        # Worker thread appends, loop thread drains (`timings`): deque appends and pops are atomic.
+        self._timings: collections.deque[EngineTiming] = collections.deque()
 
     # ------------------------------------------------------------ event-loop side
 
@@ -105,6 +107,12 @@ class JaxEngine(GenerationEngine):
             busy_fraction=self._busy_s / elapsed if elapsed > 0 else 0.0,
             version=core.version, extra={"counters": dict(core.counters)})
 
+    def timings(self) -> list[EngineTiming]:
+        out = []
+        while self._timings:
+            out.append(self._timings.popleft())
+        return out
+
     def _raise_if_failed(self) -> None:
         if self._error is not None:
             raise RuntimeError(f"JaxEngine's worker thread died: {self._error!r}") from self._error
@@ -153,13 +161,31 @@ class JaxEngine(GenerationEngine):
                         return
                     commands = list(self._commands)
                     self._commands.clear()
+                version, t_apply = self.core.version, time.monotonic()
                 outputs = self._apply(commands)
-                start = time.perf_counter()
+                start, t_step = time.perf_counter(), time.monotonic()
+                if self.core.version != version:  # partial sync: swapped between two iterations
+                    self._timings.append(EngineTiming("load", 0, t_apply, t_step - t_apply, version=self.core.version))
+                version, before = self.core.version, self._work()
                 outputs += self.core.step()
-                self._busy_s += time.perf_counter() - start
+                seconds = time.perf_counter() - start
+                self._busy_s += seconds
+                self._time_step(t_step, seconds, version, before)
                 self._loop.call_soon_threadsafe(self._deliver, outputs, self.core.version)
         except BaseException as error:  # noqa: BLE001 - handed to the loop, re-raised there
             self._loop.call_soon_threadsafe(self._fail, error)
+
+    def _work(self) -> tuple[int, int, int, int]:
+        c = self.core.counters
+        return c["decode_steps"], c["tokens"], c["prefill_tokens"], sum(COMPILE_COUNTS.values())
+
+    def _time_step(self, t: float, seconds: float, version: int, before: tuple[int, int, int, int]) -> None:
+        """Worker thread: the iteration's timing, and a drain-mode swap it made (at its start)."""
+        if self.core.version != version:
+            self._timings.append(EngineTiming("load", 0, t, 0.0, version=self.core.version))
+        steps, tokens, prefill, compiles = (a - b for a, b in zip(self._work(), before))
+        if steps or prefill:
+            self._timings.append(EngineTiming("decode", 0, t, seconds, steps, tokens, prefill, compiled=compiles > 0))
 
     def _apply(self, commands: list[tuple[str, Any]]) -> list[SampleOutput]:
         outputs: list[SampleOutput] = []

@@ -1,0 +1,152 @@
+"""The timing trace of a real run, `run_dir/trace.jsonl` (docs/calibration.md): what the
+simulator's cost model is fitted to (`planner.calibrate`) and what a replay reads its groups from
+(`workload=trace workload.path=RUN_DIR/trace.jsonl`).
+
+One JSON object a line, each with `event` and `t` — seconds since the run began on a monotonic
+clock, earlier segments of a resumed run included (the runtime's `Controller.now`):
+
+    {"event": "run", "t", "step", "policy", "max_staleness", "batch_groups", "group_size",
+     "admission_window", "max_new_tokens",
+     "engine", "workers", "slots", "kv_tokens", "sync_mode"}    each segment's start (its first step)
+    {"event": "admit", "t", "uid", "attempt", "prompt_id", "prompt_tokens", "version"}
+    {"event": "start", "t", "uid", "attempt", "version", "worker"}      first token streamed
+    {"event": "finish", "t", "uid", "attempt", "lengths": [tokens per sample]}  last sample done
+    {"event": "lost", "t", "uid", "attempt"}            attempt given up (fault, stall, restart)
+    {"event": "drop", "t", "uid"}
+    {"event": "train", "t", "step", "start", "end", "groups", "tokens", "prompt_tokens"}
+        t: the batch was handed over; start/end: the optimizer step; tokens: response tokens,
+        prompt_tokens: prompt tokens of every sample (what sim.trainer.c1 multiplies)
+    {"event": "publish", "t", "version"}                the trainer published `version`
+    {"event": "load", "t", "version", "worker", "s"}     a worker began loading it, for `s` seconds
+    {"event": "synced", "t", "version"}                  every worker holds it (the push returned)
+    {"event": "decode", "t", "worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"
+     [, "compile": true]}
+
+`decode` lines aggregate the engine's iterations between two step ends, per worker and per mean
+active count (round(tokens / steps)): one line per decode call would be thousands a step. The sums
+are exactly what a least-squares fit of `s = α·steps + β·tokens + p·prefill_tokens` needs.
+Iterations that compiled a jitted step are kept apart (`compile`): their time is XLA's, not the step's.
+Engines that report no timings (vLLM, Ray workers) leave out `load` and `decode`.
+
+Durability is the ledger's (planner/ledger.py): lines are buffered, flushed at every step end
+with the ledger, a resume cuts the file back to the checkpoint's recorded length, and a torn last
+line (no newline) is skipped by `read_run_trace`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO, Any
+
+TRACE_FILE = "trace.jsonl"
+EVENTS = ("run", "admit", "start", "finish", "lost", "drop", "train", "publish", "load", "synced", "decode")
+# The fields each event must carry besides `event` and `t` (what the readers rely on).
+FIELDS = {
+    "run": ("step", "group_size", "workers", "slots"),
+    "admit": ("uid", "attempt", "prompt_id", "prompt_tokens", "version"),
+    "start": ("uid", "attempt", "version", "worker"),
+    "finish": ("uid", "attempt", "lengths"),
+    "lost": ("uid", "attempt"),
+    "drop": ("uid",),
+    "train": ("step", "start", "end", "groups", "tokens", "prompt_tokens"),
+    "publish": ("version",),
+    "load": ("version", "worker", "s"),
+    "synced": ("version",),
+    "decode": ("worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"),
+}
+
+
+class TraceWriter:
+    """Buffered trace lines; `flush(sync=True)` at the runtime's step ends (as the ledger)."""
+
+    def __init__(self, path: str | Path, *, append: bool = False) -> None:
+        self.path = Path(path)
+        self._fh: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
+        self._lines: list[str] = []
+
+    def write(self, event: str, t: float, **fields: Any) -> None:
+        self._lines.append(json.dumps({"event": event, "t": round(t, 6), **fields}, separators=(",", ":")))
+
+    def decode(self, t: float, calls: list[tuple[int, float, int, int, int, bool]]) -> None:
+        """One `decode` line per (worker, mean active count, compiled) of `calls`: (worker, seconds,
+        steps, tokens, prefill tokens, compiled) of each engine iteration since the last call.
+        Iterations that compiled a step go to lines of their own, marked `"compile": true`."""
+        sums: dict[tuple[int, int, bool], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+        for worker, seconds, steps, tokens, prefill, compiled in calls:
+            s = sums[(worker, round(tokens / steps) if steps else 0, compiled)]
+            s[0] += 1
+            s[1] += steps
+            s[2] += tokens
+            s[3] += prefill
+            s[4] += seconds
+        for (worker, active, compiled), (n, steps, tokens, prefill, seconds) in sorted(sums.items()):
+            extra = {"compile": True} if compiled else {}
+            self.write("decode", t, worker=worker, active=active, calls=n, steps=steps, tokens=tokens,
+                       prefill_tokens=prefill, s=round(seconds, 6), **extra)
+
+    def flush(self, *, sync: bool = False) -> None:
+        if self._lines:
+            self._fh.write("\n".join(self._lines) + "\n")
+            self._lines.clear()
+        self._fh.flush()
+        if sync:
+            os.fsync(self._fh.fileno())
+
+    def close(self) -> None:
+        self.flush()
+        self._fh.close()
+
+
+def read_run_trace(path: str | Path) -> Iterator[dict[str, Any]]:
+    """Yield the trace's events; a malformed line is a one-line ValueError naming file and line.
+    A last line without its newline that is not valid JSON is a write torn by a kill: skipped."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such trace file (a run writes RUN_DIR/{TRACE_FILE})")
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                if not line.endswith("\n"):
+                    return
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            yield check_event(obj, f"{path}:{lineno}")
+
+
+def check_event(obj: Any, where: str) -> dict[str, Any]:
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+    event = obj.get("event")
+    if event not in FIELDS:
+        raise ValueError(f"{where}: 'event'={event!r}: not a run-trace event (known: {', '.join(EVENTS)})")
+    for name in ("t", *FIELDS[event]):
+        if name not in obj:
+            raise ValueError(f"{where}: {event} line misses field '{name}'")
+    return obj
+
+
+def is_run_trace_line(obj: Any) -> bool:
+    """A run-trace line (an `event` key) rather than a workload-trace group line (docs/design.md §8.4)."""
+    return isinstance(obj, dict) and "event" in obj
+
+
+def finished_groups(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each group whose generation finished, in admission (stream) order: its prompt id, prompt
+    tokens and per-sample lengths of its last finished attempt. Groups still generating at the
+    run's end have no lengths and are left out."""
+    admits: dict[int, dict[str, Any]] = {}
+    lengths: dict[int, list[int]] = {}
+    for e in events:
+        if e["event"] == "admit" and e["uid"] not in admits:
+            admits[e["uid"]] = e
+        elif e["event"] == "finish":
+            lengths[e["uid"]] = e["lengths"]
+    return [{"prompt_id": a["prompt_id"], "prompt_tokens": a["prompt_tokens"], "lengths": lengths[uid]}
+            for uid, a in sorted(admits.items()) if uid in lengths]

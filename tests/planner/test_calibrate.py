@@ -1,0 +1,134 @@
+"""`python -m planner.calibrate`: recovers a known cost model from a trace, writes a calibration
+the simulator takes (merged under command-line sim.* overrides), and refuses bad traces in one line."""
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from planner.calibrate import calibrate, main, nnls
+from planner.run_trace import TraceWriter
+from planner.simulate import SimulateConfig, sim_overrides
+
+ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01, 0.003
+SPEEDS = (1.0, 0.5)
+
+
+def synthetic_run(run_dir, steps=12):
+    """A trace whose every time follows the simulator's cost model exactly."""
+    run_dir.mkdir()
+    rng = np.random.default_rng(0)
+    w = TraceWriter(run_dir / "trace.jsonl")
+    w.write("run", 0.0, step=0, policy="lookahead", max_staleness=1, batch_groups=4, group_size=2,
+            admission_window=8, max_new_tokens=8, engine="jax", workers=2, slots=16, kv_tokens=2048,
+            sync_mode="partial")
+    t = 0.0
+    for k in range(steps):
+        calls = []
+        for worker, speed in enumerate(SPEEDS):
+            for active in (2, 6, 16):
+                steps_, prefill = 8, int(rng.integers(0, 100))
+                s = (ALPHA * steps_ + BETA * steps_ * active + PREFILL * prefill) / speed
+                calls.append((worker, s, steps_, steps_ * active, prefill, False))
+        calls.append((0, 5.0, 8, 16, 0, True))  # a compiling iteration: left out
+        tokens, prompt = int(rng.integers(100, 2000)), int(rng.integers(50, 500))
+        duration = C0 + C1 * (tokens + prompt) + (3.0 if k == 0 else 0.0)  # step 0 compiles
+        w.write("train", t, step=k, start=t, end=t + duration, groups=4, tokens=tokens, prompt_tokens=prompt)
+        t += duration
+        w.write("publish", t, version=k + 1)
+        for worker in range(2):
+            w.write("load", t + LAG + 0.001 * worker, version=k + 1, worker=worker, s=T_SYNC)
+        w.write("synced", t + LAG + 0.002 + T_SYNC, version=k + 1)
+        w.decode(t, calls)
+        for uid in range(4 * k, 4 * k + 4):
+            w.write("admit", t, uid=uid, attempt=0, prompt_id=f"p{uid}", prompt_tokens=20, version=k + 1)
+            w.write("finish", t + 0.01, uid=uid, attempt=0, lengths=[3, 8])
+        t += 0.05
+    w.close()
+    return run_dir
+
+
+def test_the_fit_recovers_the_cost_model_that_made_the_trace(tmp_path):
+    cal = calibrate(synthetic_run(tmp_path / "run"))
+    w, tr = cal["sim"]["workers"], cal["sim"]["trainer"]
+    mean_speed = np.mean(SPEEDS)  # speeds are relative: the coefficients are at their mean
+    assert w["speeds"] == pytest.approx([s / mean_speed for s in SPEEDS], rel=1e-3)
+    assert (w["decode_alpha"], w["decode_beta"], w["prefill_per_token"]) == pytest.approx(
+        (ALPHA / mean_speed, BETA / mean_speed, PREFILL / mean_speed), rel=1e-3)
+    assert (tr["c0"], tr["c1"], tr["wait_sync"]) == (pytest.approx(C0, rel=1e-3), pytest.approx(C1, rel=1e-3), True)
+    assert w["load_lag"] == pytest.approx(LAG + 0.0005, abs=1e-6)  # the median over both workers
+    assert w["t_sync"] == pytest.approx(T_SYNC)
+    assert (w["num_workers"], w["max_concurrency"], w["kv_capacity"], w["sync_mode"]) == (2, 16, 2048, "partial")
+    assert cal["sim"]["admission_window"] == 8
+    assert cal["fit"]["decode"]["left_out"] == 12 and cal["fit"]["trainer"]["left_out"] == 1
+    assert cal["fit"]["decode"]["rms_s"] < 1e-9 and cal["fit"]["trainer"]["r2"] == pytest.approx(1.0)
+
+
+def test_nnls_keeps_every_coefficient_non_negative():
+    x = np.array([[1.0, 1.0], [1.0, 2.0], [1.0, 3.0]])
+    y = np.array([3.0, 2.0, 1.0])  # plain least squares: slope -1
+    assert np.linalg.lstsq(x, y, rcond=None)[0][1] < 0
+    coef = nnls(x, y)
+    assert coef.min() >= 0 and coef == pytest.approx([2.0, 0.0])
+
+
+def test_the_cli_writes_a_calibration_that_the_simulator_takes_under_command_line_overrides(tmp_path, capsys):
+    run_dir = synthetic_run(tmp_path / "run")
+    assert main([str(run_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "decode:" in out and "trainer:" in out and "RMS residual" in out
+    path = run_dir / "calibration.yaml"
+    cal = yaml.safe_load(path.read_text())
+    base = {"policy": {"name": "lookahead"}, "max_staleness": 1, "batch_groups": 4, "group_size": 2, "steps": 5,
+            "seed": 0, "workload": {"name": "trace", "path": str(run_dir / "trace.jsonl"), "prompt_tokens": 256},
+            "sim": {"workers": {"num_workers": 4, "t_sync": 2.0, "max_concurrency": 32}, "trainer": {"c0": 5.0}},
+            "calibration": str(path)}
+    config = SimulateConfig.from_mapping(base, sim_overrides(["calibration=x", "sim.workers.t_sync=0.5", "steps=5"]))
+    assert config.sim.workers.num_workers == 2 and config.sim.workers.max_concurrency == 16  # the calibration's
+    assert config.sim.trainer.c0 == cal["sim"]["trainer"]["c0"] and config.sim.trainer.wait_sync
+    assert config.sim.workers.t_sync == 0.5  # the command line wins
+    plain = SimulateConfig.from_mapping({**base, "calibration": None})
+    assert plain.sim.workers.num_workers == 4 and plain.sim.trainer.c0 == 5.0
+
+
+@pytest.mark.parametrize("content, message", [
+    (None, "no such trace file"),
+    ('{"event": "run"\n' + json.dumps({"event": "run", "t": 0}) + "\n", r"trace.jsonl:1: not valid JSON"),
+    (json.dumps({"event": "run", "t": 0, "step": 0, "group_size": 2, "workers": 1, "slots": 4}) + "\n",
+     "no train lines"),
+    ("", "no run lines"),
+])
+def test_a_missing_torn_or_empty_trace_is_one_line_and_exit_1(tmp_path, capsys, content, message):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    if content is not None:
+        (run_dir / "trace.jsonl").write_text(content)
+    assert main([str(run_dir)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and message in err and err.count("\n") == 1, err
+    assert not (run_dir / "calibration.yaml").exists()
+
+
+def test_a_trace_without_engine_timings_names_what_is_missing(tmp_path, capsys):
+    run_dir = synthetic_run(tmp_path / "run")
+    lines = [line for line in (run_dir / "trace.jsonl").read_text().splitlines() if '"decode"' not in line]
+    (run_dir / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    assert main([str(run_dir)]) == 1
+    assert "no decode lines (engine=jax reports no iteration timings)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, message", [
+    ("sim: [1, 2]\n", "needs a `sim:` mapping"),
+    ("sim: {workers: {num_workers: 2}}\nextra: 1\n", "extra: unknown key"),
+    ("sim: {workers: {bogus: 1}}\n", "sim.workers.bogus: unknown key"),
+    ("sim: {\n", "not valid YAML"),
+])
+def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path, text, message):
+    path = tmp_path / "cal.yaml"
+    path.write_text(text)
+    base = {"policy": {"name": "lookahead"}, "max_staleness": 1, "batch_groups": 4, "group_size": 2, "steps": 5,
+            "seed": 0, "workload": {"name": "lognormal"}, "sim": {}, "calibration": str(path)}
+    with pytest.raises(ValueError, match=message) as e:
+        SimulateConfig.from_mapping(base)
+    assert "\n" not in str(e.value)
