@@ -65,14 +65,11 @@ class SimulateConfig:
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], sim_overrides: Mapping[str, Any] | None = None) -> SimulateConfig:
         """`sim_overrides`: the `sim` keys the command line set itself, which win over `calibration`."""
-        cfg = dict(cfg)
-        cfg.setdefault("calibration", None)
+        cfg = with_calibration(cfg, sim_overrides)
         check_keys(cfg, TOP_KEYS, "")
         for key in TOP_KEYS:
             if key not in cfg:
                 raise ValueError(f"{key}: missing")
-        if cfg["calibration"] is not None:
-            cfg["sim"] = merge(merge(cfg["sim"], load_calibration(cfg["calibration"])), sim_overrides or {})
         policy = dict(cfg["policy"] or {})
         name = policy.pop("name", None)
         policy_class(name)  # unknown name -> "policy=X: unknown policy (known: ...)"
@@ -116,6 +113,17 @@ def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in over.items():
         out[key] = merge(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), Mapping) else value
     return out
+
+
+def with_calibration(cfg: Mapping[str, Any], sim_overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """`cfg` with its `calibration` file applied: over the `sim=` file's values, under the `sim` keys
+    the command line set itself (`sim_overrides`); `calibration` is then null, so that a caller
+    that changes `sim` keys afterwards (planner.tune's candidates) keeps its own values."""
+    cfg = dict(cfg)
+    if cfg.get("calibration") is not None:
+        cfg["sim"] = merge(merge(cfg["sim"], load_calibration(cfg["calibration"])), sim_overrides or {})
+    cfg["calibration"] = None
+    return cfg
 
 
 def sim_overrides(overrides: Sequence[str]) -> dict[str, Any]:

@@ -42,7 +42,8 @@ from typing import Any
 import numpy as np
 
 from planner.configs import build, check, register_defaults
-from planner.simulate import CONF_DIR, SimulateConfig, register_config_nodes, run_simulation
+from planner.simulate import (CONF_DIR, SimulateConfig, register_config_nodes, run_simulation, sim_overrides,
+                              with_calibration)
 
 TARGETS = ("max_staleness", "max_throughput", "min_staleness")
 OUTPUTS = ("table", "json")
@@ -332,9 +333,16 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
         raise ValueError(str(e).strip().splitlines()[0]) from e
 
 
+def prepare(overrides: Sequence[str]) -> tuple[TuneConfig, dict[str, Any]]:
+    """The tuner's config and the base mapping of a command line. A `calibration` file is applied
+    once, here (under the command line's own `sim.*`), so each candidate's `sim` keys win over it."""
+    tcfg, base_map = split(compose(overrides))
+    return tcfg, with_calibration(base_map, sim_overrides(overrides))
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     try:
-        tcfg, base_map = split(compose(sys.argv[1:] if argv is None else argv))
+        tcfg, base_map = prepare(sys.argv[1:] if argv is None else argv)
         report = tune(tcfg, base_map)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -10,7 +10,7 @@ import pytest
 
 from planner.audit import audit
 from planner.simulate import SimulateConfig, run_simulation
-from planner.tune import TuneConfig, choose, compose, rank, split, tune
+from planner.tune import TuneConfig, choose, compose, prepare, rank, split, tune
 from tests.helpers import REPO
 
 # A trainer-bound cluster: four workers, B=32; a step costs ~80 s, generating its batch ~60 s.
@@ -18,7 +18,7 @@ TRAINER_BOUND = ["steps=40", "sim.trainer.c0=60"]
 
 
 def report(*overrides: str) -> dict:
-    return tune(*split(compose(list(overrides))))
+    return tune(*prepare(list(overrides)))
 
 
 def row(i, tps, stale, *, eta=2, max_stale=None, deadlock=False):
@@ -144,3 +144,16 @@ def test_throughput_is_compared_in_trained_tokens_not_steps_when_b_varies():
     rows = {x["batch_groups"]: x for x in r["top"] if x["eta"] == 1}
     assert rows[8]["steps_per_hour"] > rows[16]["steps_per_hour"]
     assert r["recommended"]["batch_groups"] == 16 and rows[16]["tokens_per_s"] > rows[8]["tokens_per_s"]
+
+
+def test_a_calibration_sets_the_base_and_each_candidate_keeps_its_own_engine_slots(tmp_path):
+    """The calibration's 8 slots per worker (one group) is the base; a candidate with 256 slots really runs with them."""
+    calibration = tmp_path / "calibration.yaml"
+    calibration.write_text("sim:\n  workers:\n    max_concurrency: 8\n")
+    r = report(f"calibration={calibration}", "steps=5", "batch_groups=4", "space.caps=[null]",
+               "space.sync_mode=[partial]", "space.max_concurrency=[8,256]", "space.etas=[2]", "space.batch_groups=[4]",
+               "jobs=1")
+    by_slots = {row["max_concurrency"]: row for row in r["top"]}
+    assert r["base"]["max_concurrency"] == 8  # the calibration's, not the sim file's 256
+    assert by_slots[8]["tokens_per_s"] == pytest.approx(r["base"]["tokens_per_s"])
+    assert by_slots[256]["tokens_per_s"] > 1.5 * by_slots[8]["tokens_per_s"]  # not overwritten by the calibration
