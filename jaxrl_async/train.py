@@ -336,7 +336,7 @@ class TrainJob:
 
     def _lead(self) -> dict[str, Any]:
         from jaxrl_async.runtime.metrics import SUMMARY_FILE, summary, write_json
-        from planner.audit import audit
+        from planner.audit import audit, audited_bound
 
         try:
             result = asyncio.run(self._run())
@@ -349,6 +349,7 @@ class TrainJob:
                 self.recorder.dump(self.run_dir / "policy_events.jsonl")
             self.checkpointer.close()  # the last save is on disk (or its disk error raises here)
         run = self.setup.run
+        bound = self.controller.policy.staleness_bound()
         extra: dict[str, Any] = {"completed": result.completed, "run_dir": str(self.run_dir),
                                  "placement": self.placement_summary()}
         if self.controller.last_eval is not None:
@@ -356,10 +357,10 @@ class TrainJob:
         if result.completed:
             if run.export_hf:
                 extra["hf_dir"] = str(self.export_hf())
-            report = audit(self.run_dir, run.max_staleness)
+            report = audit(self.run_dir, audited_bound(run.max_staleness, bound))
             extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
                          groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
-        out = summary(result.stats, policy=self.setup.policy_name, max_staleness=run.max_staleness,
+        out = summary(result.stats, policy=self.setup.policy_name, max_staleness=run.max_staleness, staleness_bound=bound,
                       elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,
                       generator_busy_s=result.generator_busy_s, extra=extra)
         write_json(self.run_dir / SUMMARY_FILE, out)

@@ -8,7 +8,9 @@ trained token is staler than η, a group is lost, a group is trained twice (or t
 drop), a token's version is older than its group's admission version or newer than the step
 that trained it, the ledger is malformed, empty, or stops short of the run's metrics.jsonl /
 summary.json, or (with --max-length-bias) the length-bias KS statistic exceeds X. η defaults to
-`max_staleness` in the run's summary.json; with neither, only the structural checks apply.
+the run's summary.json: its `staleness_bound` (the policy's own claim, looser than
+`max_staleness` for torchtitan's windowed FIFO) or else its `max_staleness`; with neither, only
+the structural checks apply.
 docs/design.md §8.2 lists the rules; tests/planner/test_audit.py holds a failing ledger for each.
 `--json` prints one JSON object (the report, `ok` and the verdict line) and nothing else.
 """
@@ -77,6 +79,13 @@ class AuditReport:
         return text
 
 
+def audited_bound(max_staleness: int | None, staleness_bound: int | None) -> int | None:
+    """The staleness a run is checked against by default: its policy's own claim when it makes one
+    (η for a strict policy; S + ⌈(W−1)/P⌉ for torchtitan's windowed FIFO, looser than η), else η,
+    so that a policy that bounds nothing is still shown where it exceeds the η it was given."""
+    return max_staleness if staleness_bound is None else staleness_bound
+
+
 def audit(run_dir: str | Path, max_staleness: int | None = None, *,
           max_length_bias: float | None = None) -> AuditReport:
     """Recompute the run's staleness facts from its ledger. Raises LedgerError / FileNotFoundError."""
@@ -86,7 +95,7 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
         raise FileNotFoundError(f"{ledger}: no ledger (expected {LEDGER_FILE} in the run directory)")
     summary = _read_summary(ledger.parent / SUMMARY_FILE)
     if max_staleness is None:
-        max_staleness = summary.get("max_staleness")
+        max_staleness = audited_bound(summary.get("max_staleness"), summary.get("staleness_bound"))
     report = AuditReport(max_staleness=max_staleness, max_length_bias=max_length_bias)
     admitted: dict[int, int] = {}  # uid -> latest admission version (open groups)
     closed: dict[int, str] = {}  # uid -> "trained" | "dropped"

@@ -189,7 +189,7 @@ METRICS_FILE = "metrics.jsonl"
 
 # summary.json (docs/design.md §8.1): these first, in this order, from every driver.
 SUMMARY_KEYS = (
-    "policy", "max_staleness", "steps", "groups_admitted", "groups_trained", "groups_dropped",
+    "policy", "max_staleness", "staleness_bound", "steps", "groups_admitted", "groups_trained", "groups_dropped",
     "tokens_trained", "tokens_wasted", "max_token_staleness", "mean_token_staleness",
     "staleness_histogram", "elapsed_s", "trainer_busy_fraction", "generator_busy_fraction",
     "steps_per_hour",
@@ -219,7 +219,7 @@ STEP_KEYS = (
 _TINY = 1e-12  # guards a division by an elapsed time of zero (a run that ended at once)
 
 
-def summary(*, policy: str, max_staleness: int | None, steps: int, groups_admitted: int, groups_trained: int,
+def summary(*, policy: str, max_staleness: int | None, staleness_bound: int | None, steps: int, groups_admitted: int, groups_trained: int,
             groups_dropped: int, tokens_wasted: int, staleness: Mapping[int, int], elapsed_s: float,
             trainer_busy_s: float, generator_busy_s: float,
             extensions: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -227,12 +227,15 @@ def summary(*, policy: str, max_staleness: int | None, steps: int, groups_admitt
 
     `staleness`: trained tokens by staleness (the run's whole histogram; `tokens_trained` is its
     sum). `generator_busy_s`: busy seconds of the average generator. `elapsed_s`: simulated
-    seconds in simulation, wall seconds in training.
+    seconds in simulation, wall seconds in training. `staleness_bound`: the policy's own claim
+    (`Policy.staleness_bound()`: η when strict, a looser bound for torchtitan's windowed FIFO,
+    None when it claims none), which `planner.audit` checks by default.
     """
     elapsed = max(elapsed_s, _TINY)
     out = {
         "policy": policy,
         "max_staleness": max_staleness,
+        "staleness_bound": staleness_bound,
         "steps": steps,
         "groups_admitted": groups_admitted,
         "groups_trained": groups_trained,

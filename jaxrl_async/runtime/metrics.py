@@ -127,12 +127,12 @@ def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], leng
         })
 
 
-def summary(stats: RunStats, *, policy: str, max_staleness: int | None, elapsed_s: float,
+def summary(stats: RunStats, *, policy: str, max_staleness: int | None, staleness_bound: int | None, elapsed_s: float,
             trainer_busy_s: float, generator_busy_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `summary.json` object: `planner.driver.summary`'s keys, then the training run's
     extensions, then `extra`."""
     return driver.summary(
-        policy=policy, max_staleness=max_staleness, steps=stats.steps_done, groups_admitted=stats.groups_admitted,
+        policy=policy, max_staleness=max_staleness, staleness_bound=staleness_bound, steps=stats.steps_done, groups_admitted=stats.groups_admitted,
         groups_trained=stats.groups_trained, groups_dropped=stats.groups_dropped, tokens_wasted=stats.tokens_wasted,
         staleness=stats.staleness, elapsed_s=elapsed_s, trainer_busy_s=trainer_busy_s,
         generator_busy_s=generator_busy_s,

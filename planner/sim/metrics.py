@@ -69,12 +69,12 @@ class RunMetrics:
                                              extensions={"tokens": tokens, "inflight": inflight}))
 
     def summary(
-        self, *, policy: str, max_staleness: int | None, steps: int, groups_admitted: int, elapsed_s: float,
+        self, *, policy: str, max_staleness: int | None, staleness_bound: int | None, steps: int, groups_admitted: int, elapsed_s: float,
         trainer_busy_s: float, generator_busy_s: Sequence[float], **extras: Any,
     ) -> dict[str, Any]:
         """`driver.summary` with the simulator's extensions; `generator_busy_s` is per worker."""
         return driver.summary(
-            policy=policy, max_staleness=max_staleness, steps=steps, groups_admitted=groups_admitted,
+            policy=policy, max_staleness=max_staleness, staleness_bound=staleness_bound, steps=steps, groups_admitted=groups_admitted,
             groups_trained=self.groups_trained, groups_dropped=sum(self.drops.values()),
             tokens_wasted=self.tokens_wasted, staleness=self.histogram, elapsed_s=elapsed_s,
             trainer_busy_s=trainer_busy_s, generator_busy_s=sum(generator_busy_s) / len(generator_busy_s),

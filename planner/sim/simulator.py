@@ -436,6 +436,7 @@ class Simulator:
         return self.metrics.summary(
             policy=self.policy.name,
             max_staleness=self.ctx.max_staleness,
+            staleness_bound=self.policy.staleness_bound(),
             steps=self.trainer.step,
             groups_admitted=self.admitted,
             elapsed_s=now,

@@ -151,7 +151,7 @@ def test_tokens_by_version_sum_over_samples_oldest_first_and_staleness_counts_to
 
 # ---------------------------------------------------------------------------- run files
 def test_a_summary_has_the_design_keys_first_then_the_drivers_extensions():
-    s = driver.summary(policy="p", max_staleness=1, steps=4, groups_admitted=9, groups_trained=8, groups_dropped=1,
+    s = driver.summary(policy="p", max_staleness=1, staleness_bound=1, steps=4, groups_admitted=9, groups_trained=8, groups_dropped=1,
                        tokens_wasted=5, staleness={0: 10, 1: 30}, elapsed_s=2.0, trainer_busy_s=1.0,
                        generator_busy_s=3.0, extensions={"seed": 0})
     assert list(s) == [*driver.SUMMARY_KEYS, "seed"]

@@ -96,3 +96,6 @@ def test_a_simulated_run_exceeds_eta_stays_within_its_bound_under_audit_and_drop
     assert 1 < report.max_token_staleness <= bound  # the looser bound is really used
     assert report.groups_trained == 4 * 20 and set(result.summary["drops_by_reason"]) <= {"end_of_run"}
     assert audit(tmp_path / "run", 1).violations > 0  # at η itself the audit fails: strict only at its bound
+    # summary.json carries the policy's own bound, so the audit's default checks that, not η.
+    assert result.summary["staleness_bound"] == bound and result.summary["max_staleness"] == 1
+    assert audit(tmp_path / "run").max_staleness == bound and audit(tmp_path / "run").ok
