@@ -92,3 +92,16 @@ def test_every_typed_option_has_a_defaults_node():
     nodes = config_nodes()
     assert {f"{g}/{o}" for g, o in OPTIONS if g != "trainer"} <= set(nodes)
     assert nodes["train"] is RunConfig and nodes["trainer"] is TrainerConfig
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_every_experiment_composes_into_a_valid_training_config(experiment):
+    setup = typed_config(compose_train([f"+experiment={experiment}"]))
+    assert setup.model.source == "smollm2_135m" and setup.task["name"] == "arithmetic"
+    assert setup.run.eval.every > 0  # a recipe is measured on its held-out split while it trains
+
+
+def test_the_harder_recipe_changes_only_the_task_of_the_one_it_extends():
+    easy, hard = (typed_config(compose_train([f"+experiment={e}"])) for e in ("smollm2_arithmetic", "smollm2_products12"))
+    assert easy.run == hard.run and easy.trainer == hard.trainer and easy.engine == hard.engine
+    assert (easy.task["max_operand"], hard.task["max_operand"]) == (9, 12)
