@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import time
@@ -89,7 +90,10 @@ def read(variant: Variant, run_dir: Path) -> dict:
     return dict(variant=variant, run=run, summary=summary, final=final, evals=evals + [(summary["elapsed_s"], final)],
                 rewards=[(r["elapsed_s"], r["reward_mean"]) for r in records],
                 last_reward=sum(r["reward_mean"] for r in records[-10:]) / len(records[-10:]),
-                mean_staleness=sum(a * t for a, t in hist.items()) / tokens, max_staleness=max(hist))
+                mean_staleness=sum(a * t for a, t in hist.items()) / tokens, max_staleness=max(hist),
+                # How far the trained policy had moved from the one that sampled: the largest
+                # importance weight π_θ/π_behaviour of each step (what CISPO caps and M2PO masks).
+                is_weight_max=[r["train/is_weight_max"] for r in records])
 
 
 def smooth(points: list[tuple[float, float]], k: int = 5) -> tuple[list[float], list[float]]:
@@ -111,13 +115,14 @@ def report(rows: list[dict], experiment: str, base: float, out: Path) -> str:
     fig.savefig(out / f"{experiment}_compare.png", dpi=120)
 
     lines = ["| policy | loss | η | held-out pass@1 (before → after) | reward, last 10 steps | wall time (s) "
-             "| steps/h | max staleness | mean staleness | drops | audit |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| steps/h | max staleness | mean staleness | largest IS weight (median / max of steps) | drops | audit |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         v, s = row["variant"], row["summary"]
         lines.append(f"| {v.policy} | {v.loss} | {v.eta} | {base:.3f} → {row['final']:.3f} | {row['last_reward']:.3f} "
                      f"| {s['elapsed_s']:.0f} | {3600 * s['steps'] / s['elapsed_s']:.0f} | {row['max_staleness']} "
-                     f"| {row['mean_staleness']:.2f} | {s['groups_dropped']} | {'PASS' if s.get('audit_ok') else 'FAIL'} |")
+                     f"| {row['mean_staleness']:.2f} | {statistics.median(row['is_weight_max']):.3f} / "
+                     f"{max(row['is_weight_max']):.3f} | {s['groups_dropped']} | {'PASS' if s.get('audit_ok') else 'FAIL'} |")
     return "\n".join(lines)
 
 
