@@ -33,7 +33,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-from collections.abc import Iterator
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +56,49 @@ class TreeMismatch(ValueError):
     """The checkpoint's arrays do not fit the current trainer: the first differing path or shape."""
 
 
+_TENSORSTORE_ERRNO = re.compile(r"os_error_code=\\?'(\d+)")  # also inside a repr, which escapes the quote
+
+
+def tensorstore_errno(error: BaseException) -> int | None:
+    """The errno inside a tensorstore write error (`ValueError: RESOURCE_EXHAUSTED: ... No space
+    left on device [os_error_code='28']`): how a full disk reaches orbax's array writes."""
+    found = _TENSORSTORE_ERRNO.search(str(error))
+    return int(found.group(1)) if found else None
+
+
 class _DropOrbaxDiskErrors(logging.Filter):
-    """orbax logs an OSError of its background save with a full traceback, once per thread; the
-    Checkpointer re-raises it as one `CheckpointWriteError` line, so those records are dropped."""
+    """orbax logs a disk error of its background save (an OSError, or tensorstore's ValueError
+    with an errno) once per thread, with a traceback or the error's text, and asyncio logs each of
+    its abandoned write tasks; the Checkpointer re-raises the error as one `CheckpointWriteError`
+    line, so those records are dropped."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
-        return not (isinstance(error, OSError) and "orbax" in record.pathname)
+        orbax_os_error = isinstance(error, OSError) and "orbax" in record.pathname
+        tensorstore = (error is not None and tensorstore_errno(error) is not None) or \
+            _TENSORSTORE_ERRNO.search(record.getMessage()) is not None
+        return not (orbax_os_error or tensorstore)
 
 
 _ORBAX_FILTER = _DropOrbaxDiskErrors()
 logging.getLogger("absl").addFilter(_ORBAX_FILTER)
+logging.getLogger("asyncio").addFilter(_ORBAX_FILTER)  # "Task exception was never retrieved" of orbax's writes
+
+
+def _drop_abandoned_disk_writes(report_unraisable: Callable[[Any], None]) -> Callable[[Any], None]:
+    """When the disk fills, orbax's other writes of that save are abandoned: coroutines holding
+    tensorstore's error and callbacks into an event loop that has closed, which Python reports one
+    by one as it collects them (dozens of "Exception ignored" tracebacks). The
+    `CheckpointWriteError` line already says it; every other report still goes to `report_unraisable`."""
+    def hook(unraisable: Any) -> None:
+        error = unraisable.exc_value
+        if tensorstore_errno(error) is None and not (isinstance(error, RuntimeError)
+                                                     and str(error) == "Event loop is closed"):
+            report_unraisable(unraisable)
+    return hook
+
+
+sys.unraisablehook = _drop_abandoned_disk_writes(sys.unraisablehook)
 
 
 class Checkpointer:
@@ -91,6 +126,13 @@ class Checkpointer:
             code = errno.errorcode.get(e.errno, "?") if e.errno is not None else "?"
             raise CheckpointWriteError(f"checkpoint: cannot write {self.directory}: [Errno {e.errno} {code}] "
                                        f"{e.strerror or e}") from None
+        except ValueError as e:  # tensorstore's (OCDBT) write errors carry the errno in their text
+            number = tensorstore_errno(e)
+            if number is None:
+                raise
+            self._failed = True
+            raise CheckpointWriteError(f"checkpoint: cannot write {self.directory}: [Errno {number} "
+                                       f"{errno.errorcode.get(number, '?')}] {os.strerror(number)}") from None
 
     def due(self, steps_done: int) -> bool:
         """Whether the periodic policy saves after `steps_done` steps: after the first step, then

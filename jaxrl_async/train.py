@@ -525,6 +525,8 @@ def run_dir_for(setup: TrainSetup, hydra_dir: str) -> Path:
 def _main(cfg: DictConfig) -> None:
     from hydra.core.hydra_config import HydraConfig
 
+    from jaxrl_async.checkpoint import CheckpointWriteError
+
     for name in ("absl", "jax._src.xla_bridge"):  # orbax logs every save, JAX its backend probes
         logging.getLogger(name).setLevel(logging.WARNING)
     started = time.monotonic()
@@ -533,6 +535,14 @@ def _main(cfg: DictConfig) -> None:
         job = TrainJob(setup, run_dir_for(setup, HydraConfig.get().runtime.output_dir))
         # Engines start inside the run: an unreachable Ray cluster or unplaceable workers fail here.
         out = job.run()
+    except CheckpointWriteError as e:
+        # The run's files are closed; what orbax left of the failed save may still wait on its
+        # own threads (docs/fault_tolerance.md), so the process ends here without joining them.
+        print(f"error: {e}", file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
     except (ValueError, ConnectionError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)

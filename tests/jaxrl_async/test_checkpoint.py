@@ -1,6 +1,7 @@
 """Checkpoints: the orbax round trip, and a run stopped by SIGTERM that resumes without losing,
 repeating or out-aging anything."""
 
+import logging
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from jaxrl_async.trainer.trainer import Trainer
 from planner.audit import audit
 from planner.configs import build
 from tests.helpers.engines import WithholdingEngine
+from tests.helpers.filesystems import small_filesystem
 from tests.helpers.train_runs import StepProbe, make_job, read_jsonl
 
 
@@ -140,6 +142,24 @@ def test_a_full_disk_at_save_time_is_one_line_naming_the_dir_and_errno(tmp_path,
     ckpt.close()  # reported once: closing does not raise it again
     # orbax's own logs of it, each with a traceback, never reach a handler.
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def test_a_really_full_disk_is_one_line_naming_the_dir_and_errno(tmp_path, caplog):
+    """A 64 KiB tmpfs: the save fails in orbax's directory writes (OSError) or in tensorstore's
+    array writes (a ValueError carrying the errno), whichever comes first; both are this line."""
+    from jaxrl_async.checkpoint import CheckpointWriteError
+
+    trainer = trained_trainer(0)
+    assert sum(np.asarray(x).nbytes for x in jax.tree.leaves(trainer.state_dict())) > 64 * 1024  # it cannot fit
+    with small_filesystem(tmp_path / "small") as mount:
+        ckpt = Checkpointer(mount)
+        with pytest.raises(CheckpointWriteError) as info:
+            ckpt.save(2, trainer.state_dict(), {"step": 2})
+            ckpt.wait()
+        ckpt.close()
+    assert str(info.value) == (f"checkpoint: cannot write {mount / 'checkpoints'}: [Errno 28 ENOSPC] "
+                               "No space left on device")
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
 
 
 def test_a_checkpoint_of_another_model_names_the_first_differing_array(tmp_path):

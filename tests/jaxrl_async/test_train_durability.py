@@ -19,6 +19,7 @@ from planner.audit import audit
 from tests.helpers.cli_runs import (
     finished_checkpoints, launch, lines, saving_checkpoints, trained_prompts, trained_steps, untrained_admits,
     wait_until)
+from tests.helpers.filesystems import small_filesystem
 from tests.helpers.train_runs import StepProbe
 
 STEPS, ETA = 16, 1
@@ -208,6 +209,21 @@ def test_a_read_only_checkpoint_dir_is_one_line_naming_it_and_the_run_resumes_on
     finish(launch(run_dir, *RUN, "resume=true"))  # nothing lost: the step-1 checkpoint continues it
     report = audit(run_dir, ETA)
     assert report.ok and report.steps == STEPS and not report.lost, report.verdict()
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_the_checkpoints_is_one_line_and_the_logs_stay_whole(tmp_path):
+    run_dir = tmp_path / "run"
+    with small_filesystem(run_dir / "checkpoints"):  # the first save (after step 1) cannot fit
+        proc = launch(run_dir, *RUN)
+        log = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 1, log[-3000:]
+    errors = error_lines(log)
+    assert errors == [f"error: checkpoint: cannot write {run_dir / 'checkpoints'}: [Errno 28 ENOSPC] "
+                      "No space left on device"], log[-3000:]
+    assert "Traceback" not in log and "Exception ignored" not in log, log[-3000:]
+    assert_logs_durable_to_the_last_step(run_dir)  # what was trained before the failed save is on record
+    assert trained_steps(run_dir), "no step was trained before the save"
 
 
 # ---------------------------------------------------------------------------------- resume checks
