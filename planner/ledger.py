@@ -27,41 +27,31 @@ checkpoint's length anyway (docs/fault_tolerance.md).
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from planner.jsonl import JsonlWriter, read_jsonl_lines
 from planner.types import Admission, Drop, Move, Versions
 
 LEDGER_FILE = "ledger.jsonl"
 
 
-class LedgerWriter:
+class LedgerWriter(JsonlWriter):
     """Appends ledger events. Opened in append mode so a resumed run continues the same ledger."""
 
     def __init__(self, path: str | Path, *, append: bool = False, buffer_lines: int = 4096) -> None:
-        self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
-        self._lines: list[str] = []
-        self._buffer_lines = buffer_lines
-
-    def _write(self, obj: dict[str, Any]) -> None:
-        self._lines.append(json.dumps(obj, separators=(",", ":")))
-        if len(self._lines) >= self._buffer_lines:
-            self.flush()
+        super().__init__(path, append=append, buffer_lines=buffer_lines)
 
     def admit(self, a: Admission) -> None:
-        self._write({"event": "admit", "uid": a.uid, "version": a.version, "deadline": a.deadline,
+        self.append({"event": "admit", "uid": a.uid, "version": a.version, "deadline": a.deadline,
                      "prompt": a.prompt_id})
 
     def start(self, uid: int, version: int) -> None:
-        self._write({"event": "start", "uid": uid, "version": version})
+        self.append({"event": "start", "uid": uid, "version": version})
 
     def train(self, step: int, groups: Sequence[tuple[int, Versions]]) -> None:
-        self._write(
+        self.append(
             {
                 "event": "train",
                 "step": step,
@@ -73,28 +63,14 @@ class LedgerWriter:
         event = {"event": "drop", "uid": d.uid, "step": d.step, "reason": d.reason, "tokens": tokens}
         if length is not None:
             event["length"] = length
-        self._write(event)
+        self.append(event)
 
     def move(self, m: Move) -> None:
-        self._write({"event": "move", "uid": m.uid, "from": m.src, "to": m.dst})
+        self.append({"event": "move", "uid": m.uid, "from": m.src, "to": m.dst})
 
     def moves(self, moves: Iterable[Move]) -> None:
         for m in moves:
             self.move(m)
-
-    def flush(self, *, sync: bool = False) -> None:
-        """Hand the buffered lines to the OS (enough to survive a SIGKILL); `sync`: also fsync, so
-        that they survive a machine crash."""
-        if self._lines:
-            self._fh.write("\n".join(self._lines) + "\n")
-            self._lines.clear()
-        self._fh.flush()
-        if sync:
-            os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        self.flush()
-        self._fh.close()
 
     def __enter__(self) -> LedgerWriter:
         return self
@@ -113,17 +89,8 @@ def read_ledger(path: str | Path) -> Iterator[dict[str, Any]]:
     A last line without its newline that is not valid JSON is a write torn by a kill: it is
     skipped (the writer ends every line it completes with a newline)."""
     path = Path(path)
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                if not line.endswith("\n"):
-                    return  # the torn last line
-                raise LedgerError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(obj, dict) or "event" not in obj:
-                raise LedgerError(f"{path}:{lineno}: missing field 'event'")
-            obj["_line"] = lineno
-            yield obj
+    for lineno, obj in read_jsonl_lines(path, LedgerError):
+        if not isinstance(obj, dict) or "event" not in obj:
+            raise LedgerError(f"{path}:{lineno}: missing field 'event'")
+        obj["_line"] = lineno
+        yield obj

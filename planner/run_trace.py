@@ -35,12 +35,12 @@ line (no newline) is skipped by `read_run_trace`.
 
 from __future__ import annotations
 
-import json
-import os
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from planner.jsonl import JsonlWriter, read_jsonl_lines
 
 TRACE_FILE = "trace.jsonl"
 EVENTS = ("run", "admit", "start", "finish", "lost", "drop", "train", "publish", "load", "synced", "decode")
@@ -60,16 +60,11 @@ FIELDS = {
 }
 
 
-class TraceWriter:
+class TraceWriter(JsonlWriter):
     """Buffered trace lines; `flush(sync=True)` at the runtime's step ends (as the ledger)."""
 
-    def __init__(self, path: str | Path, *, append: bool = False) -> None:
-        self.path = Path(path)
-        self._fh: IO[str] = open(self.path, "a" if append else "w", encoding="utf-8")
-        self._lines: list[str] = []
-
     def write(self, event: str, t: float, **fields: Any) -> None:
-        self._lines.append(json.dumps({"event": event, "t": round(t, 6), **fields}, separators=(",", ":")))
+        self.append({"event": event, "t": round(t, 6), **fields})
 
     def decode(self, t: float, calls: list[tuple[int, float, int, int, int, bool]]) -> None:
         """One `decode` line per (worker, mean active count, compiled) of `calls`: (worker, seconds,
@@ -88,18 +83,6 @@ class TraceWriter:
             self.write("decode", t, worker=worker, active=active, calls=n, steps=steps, tokens=tokens,
                        prefill_tokens=prefill, s=round(seconds, 6), **extra)
 
-    def flush(self, *, sync: bool = False) -> None:
-        if self._lines:
-            self._fh.write("\n".join(self._lines) + "\n")
-            self._lines.clear()
-        self._fh.flush()
-        if sync:
-            os.fsync(self._fh.fileno())
-
-    def close(self) -> None:
-        self.flush()
-        self._fh.close()
-
 
 def read_run_trace(path: str | Path) -> Iterator[dict[str, Any]]:
     """Yield the trace's events; a malformed line is a one-line ValueError naming file and line.
@@ -107,17 +90,8 @@ def read_run_trace(path: str | Path) -> Iterator[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such trace file (a run writes RUN_DIR/{TRACE_FILE})")
-    with open(path, encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                if not line.endswith("\n"):
-                    return
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            yield check_event(obj, f"{path}:{lineno}")
+    for lineno, obj in read_jsonl_lines(path):
+        yield check_event(obj, f"{path}:{lineno}")
 
 
 def check_event(obj: Any, where: str) -> dict[str, Any]:
