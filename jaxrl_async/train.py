@@ -262,7 +262,8 @@ class TrainJob:
             stream=stream, ledger=ledger, run_dir=self.run_dir, sinks=sinks, checkpointer=self.checkpointer,
             stop_token_ids=stop_ids, engine_dtype=self.loaded.cfg.dtype,
             run_config_meta=_run_meta(run, self.setup, self.task), eval_prompts=list(map(encode, self.eval_examples)),
-            trace=TraceWriter(self.run_dir / TRACE_FILE, append=resuming), trace_meta=trace_meta(self.setup))
+            trace=TraceWriter(self.run_dir / TRACE_FILE, append=resuming),
+            trace_meta=trace_meta(self.setup, self.placement))
         if self._meta is not None:
             self.controller.load_checkpoint_meta(self._meta)
 
@@ -395,9 +396,11 @@ class TrainJob:
         return save_hf(model, self.loaded.cfg, self.run_dir / "hf", self.loaded.tokenizer)
 
 
-def trace_meta(setup: TrainSetup) -> dict[str, Any]:
+def trace_meta(setup: TrainSetup, placement: Any = None) -> dict[str, Any]:
     """The timing trace's `run` line (planner/run_trace.py): the planner's context and what the
-    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode."""
+    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode, and
+    whether it shares the trainer's devices (`colocated`: the in-process JAX engine placed with
+    `engine.colocate=true`; other engines place themselves and time no iterations)."""
     from jaxrl_async.engines.registry import ENGINES
 
     run, engine = setup.run, setup.engine
@@ -408,7 +411,9 @@ def trace_meta(setup: TrainSetup) -> dict[str, Any]:
             "group_size": run.group_size, "admission_window": run.window, "max_new_tokens": run.max_new_tokens,
             "engine": setup.engine_name,
             "workers": workers, "slots": slots, "kv_tokens": None if max_len is None else slots * max_len,
-            "sync_mode": getattr(engine, "sync_mode", "partial")}
+            "sync_mode": getattr(engine, "sync_mode", "partial"),
+            "colocated": bool(placement is not None and placement.colocate and setup.engine_name == "jax"
+                              and setup.cluster.name != "ray")}
 
 
 def make_generation_engine(setup: TrainSetup, loaded, placement, on_lost):

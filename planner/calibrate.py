@@ -6,6 +6,12 @@ Reads `RUN_DIR/trace.jsonl` (planner/run_trace.py), fits by non-negative least s
     trainer step          s = c0 + c1·(response + prompt tokens of the batch)
                           (the batch handed over → the version published)
 
+with, for a colocated engine (`colocated` in the trace's `run` line), the decode fit over the
+iterations outside trainer steps and the slowdown σ of those inside them
+(`sim.workers.colocated_slowdown`, 0 otherwise)
+
+    decode iteration in a step  s = ((1 + σ)·(α·steps + β·tokens) + p·prefill_tokens) / speed_w
+
 and takes the publish → load lag (median over every push and worker), the load time `t_sync`
 (mean), the engine's workers, slots and KV tokens and its sync mode from the trace, and sets
 `trainer.wait_sync` (the runtime pushes weights before it selects the next batch). It prints the
@@ -95,6 +101,19 @@ def _need(lines: list, what: str, path: Path, why: str) -> None:
         raise ValueError(f"{path}: no {what} lines ({why})")
 
 
+def colocation_slowdown(in_steps: list[dict[str, Any]], coef: np.ndarray, speed: np.ndarray) -> float:
+    """σ >= 0 of `s = (1 + σ)·(α·steps + β·tokens)/speed_w + p·prefill_tokens/speed_w` over the
+    iterations that ran during trainer steps, by least squares given the fitted coefficients: the
+    simulator slows decode steps, not prefill, so the prefill part is taken off before the ratio."""
+    alpha, beta, prefill = coef
+    w = speed[np.array([e["worker"] for e in in_steps])]
+    d = np.array([alpha * e["steps"] + beta * e["tokens"] for e in in_steps]) / w
+    rest = np.array([e["s"] - prefill * e["prefill_tokens"] / ws for e, ws in zip(in_steps, w)])
+    if float(d @ d) <= 0:
+        return 0.0
+    return max(0.0, float(d @ rest) / float(d @ d) - 1.0)
+
+
 def calibrate(run_dir: str | Path) -> dict[str, Any]:
     """The calibration mapping (`sim`, `fit`, `run`) of the run in `run_dir`; ValueError (one line)
     for a missing, malformed or unusable trace."""
@@ -107,8 +126,16 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     _need(by["run"], "run", path, "every segment of a run starts with one; is this a run's trace?")
     head = by["run"][0]
     _need(by["train"], "train", path, "the run trained no step")
-    decode = [e for e in by["decode"] if not e.get("compile")]
-    _need(decode, "decode", path, f"engine={head.get('engine')} reports no iteration timings")
+    timed = [e for e in by["decode"] if not e.get("compile")]
+    _need(timed, "decode", path, f"engine={head.get('engine')} reports no iteration timings")
+    # A colocated engine decodes slower while the trainer trains: the cost model is fitted to the
+    # iterations outside steps, the slowdown to those inside. Elsewhere (or with no iteration on
+    # one side) every iteration is fitted alike and the slowdown is 0.
+    colocated = bool(head.get("colocated"))
+    in_steps = [e for e in timed if e.get("train")]
+    outside = [e for e in timed if not e.get("train")]
+    split = colocated and bool(in_steps) and bool(outside)
+    decode = outside if split else timed
 
     # Decoding: the coefficients at speed 1 and each worker's speed, fitted in turn (each step is
     # a least-squares fit given the other) until they settle; speeds are relative (mean 1).
@@ -128,6 +155,7 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     dec = _fit(x, y * speed[index], dec.left_out)
     alpha, beta, prefill = dec.coef
     speeds = [round(float(s), 4) for s in speed] if workers > 1 else None
+    slowdown = colocation_slowdown(in_steps, dec.coef, speed) if split else 0.0
 
     # The trainer: batch handed over -> version published (the last step publishes nothing: its end).
     published = {e["version"]: e["t"] for e in by["publish"]}
@@ -149,7 +177,8 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     worker_keys: dict[str, Any] = {
         "num_workers": workers, "speeds": speeds, "max_concurrency": int(head["slots"]),
         "decode_alpha": _round(max(alpha, 1e-9)), "decode_beta": _round(beta), "prefill_per_token": _round(prefill),
-        "t_sync": _round(t_sync), "load_lag": _round(load_lag), "sync_mode": head.get("sync_mode", "partial")}
+        "t_sync": _round(t_sync), "load_lag": _round(load_lag), "colocated_slowdown": _round(slowdown),
+        "sync_mode": head.get("sync_mode", "partial")}
     if head.get("kv_tokens"):
         worker_keys["kv_capacity"] = int(head["kv_tokens"])
     sim = {"workers": worker_keys, "trainer": {"c0": _round(c0), "c1": _round(c1), "wait_sync": True}}
@@ -160,7 +189,9 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
     return {
         "sim": sim,
         "fit": {"decode": dec.quality(), "trainer": tr.quality(),
-                "load_lag_s": {"pushes": len(lags), "p10_p50_p90": lag_q}},
+                "load_lag_s": {"pushes": len(lags), "p10_p50_p90": lag_q},
+                "colocation": {"colocated": colocated, "lines_in_steps": len(in_steps), "lines_outside": len(outside),
+                               "fitted": split}},
         "run": {k: head.get(k) for k in ("policy", "max_staleness", "batch_groups", "group_size", "engine")}
         | {"steps": len(by["train"])},
     }
@@ -168,7 +199,7 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
 
 def report(cal: dict[str, Any]) -> str:
     w, t, f = cal["sim"]["workers"], cal["sim"]["trainer"], cal["fit"]
-    d, tr = f["decode"], f["trainer"]
+    d, tr, c = f["decode"], f["trainer"], f["colocation"]
     return "\n".join([
         f"decode:  alpha {w['decode_alpha']:.4g} s/step, beta {w['decode_beta']:.4g} s/token, prefill "
         f"{w['prefill_per_token']:.4g} s/token; {w['num_workers']} worker(s), speeds {w['speeds']}, "
@@ -179,6 +210,9 @@ def report(cal: dict[str, Any]) -> str:
         f"RMS residual {tr['rms_s']} s, R² {tr['r2']}, total {tr['total_error']:+.1%}",
         f"push:    load_lag {w['load_lag']:.4g} s (p10/p50/p90 {f['load_lag_s']['p10_p50_p90']} over "
         f"{f['load_lag_s']['pushes']} loads), t_sync {w['t_sync']:.4g} s, sync_mode {w['sync_mode']}",
+        f"colocation: slowdown {w['colocated_slowdown']:.4g} during trainer steps "
+        + (f"({c['lines_in_steps']} lines in steps, {c['lines_outside']} outside)" if c["fitted"] else
+           f"(not fitted: {'no iterations on both sides of the steps' if c['colocated'] else 'engine on its own devices'})"),
     ])
 
 

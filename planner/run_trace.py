@@ -7,7 +7,8 @@ clock, earlier segments of a resumed run included (the runtime's `Controller.now
 
     {"event": "run", "t", "step", "policy", "max_staleness", "batch_groups", "group_size",
      "admission_window", "max_new_tokens",
-     "engine", "workers", "slots", "kv_tokens", "sync_mode"}    each segment's start (its first step)
+     "engine", "workers", "slots", "kv_tokens", "sync_mode", "colocated"}    each segment's start
+        colocated: the engine runs on the trainer's devices (JAX engine, engine.colocate=true)
     {"event": "admit", "t", "uid", "attempt", "prompt_id", "prompt_tokens", "version"}
     {"event": "start", "t", "uid", "attempt", "version", "worker"}      first token streamed
     {"event": "finish", "t", "uid", "attempt", "lengths": [tokens per sample]}  last sample done
@@ -20,12 +21,15 @@ clock, earlier segments of a resumed run included (the runtime's `Controller.now
     {"event": "load", "t", "version", "worker", "s"}     a worker began loading it, for `s` seconds
     {"event": "synced", "t", "version"}                  every worker holds it (the push returned)
     {"event": "decode", "t", "worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"
-     [, "compile": true]}
+     [, "compile": true] [, "train": true]}
 
 `decode` lines aggregate the engine's iterations between two step ends, per worker and per mean
 active count (round(tokens / steps)): one line per decode call would be thousands a step. The sums
 are exactly what a least-squares fit of `s = α·steps + β·tokens + p·prefill_tokens` needs.
 Iterations that compiled a jitted step are kept apart (`compile`): their time is XLA's, not the step's.
+Iterations whose midpoint falls inside a trainer step (batch handed over -> version published) are
+kept apart too (`train`): on a colocated engine they share the devices with the step, and their
+ratio to the others is what `planner.calibrate` fits `sim.workers.colocated_slowdown` to.
 Engines that report no timings (vLLM, Ray workers) leave out `load` and `decode`.
 
 Durability is the ledger's (planner/ledger.py): lines are buffered, flushed at every step end
@@ -66,22 +70,31 @@ class TraceWriter(JsonlWriter):
     def write(self, event: str, t: float, **fields: Any) -> None:
         self.append({"event": event, "t": round(t, 6), **fields})
 
-    def decode(self, t: float, calls: list[tuple[int, float, int, int, int, bool]]) -> None:
-        """One `decode` line per (worker, mean active count, compiled) of `calls`: (worker, seconds,
-        steps, tokens, prefill tokens, compiled) of each engine iteration since the last call.
-        Iterations that compiled a step go to lines of their own, marked `"compile": true`."""
-        sums: dict[tuple[int, int, bool], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
-        for worker, seconds, steps, tokens, prefill, compiled in calls:
-            s = sums[(worker, round(tokens / steps) if steps else 0, compiled)]
+    def decode(self, t: float, calls: list[tuple[int, float, int, int, int, bool, bool]]) -> None:
+        """One `decode` line per (worker, mean active count, compiled, training) of `calls`:
+        (worker, seconds, steps, tokens, prefill tokens, compiled, training) of each engine
+        iteration since the last call. Iterations that compiled a step go to lines of their own,
+        marked `"compile": true`; those that ran during a trainer step, `"train": true`."""
+        sums: dict[tuple[int, int, bool, bool], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
+        for worker, seconds, steps, tokens, prefill, compiled, training in calls:
+            s = sums[(worker, round(tokens / steps) if steps else 0, compiled, training)]
             s[0] += 1
             s[1] += steps
             s[2] += tokens
             s[3] += prefill
             s[4] += seconds
-        for (worker, active, compiled), (n, steps, tokens, prefill, seconds) in sorted(sums.items()):
-            extra = {"compile": True} if compiled else {}
+        for (worker, active, compiled, training), (n, steps, tokens, prefill, seconds) in sorted(sums.items()):
+            extra = ({"compile": True} if compiled else {}) | ({"train": True} if training else {})
             self.write("decode", t, worker=worker, active=active, calls=n, steps=steps, tokens=tokens,
                        prefill_tokens=prefill, s=round(seconds, 6), **extra)
+
+
+def during_steps(start: float, seconds: float, windows: list[tuple[float, float]]) -> bool:
+    """Whether an engine iteration that began at `start` and took `seconds` ran during one of the
+    trainer steps `windows` ((handed over, published) run seconds): its midpoint decides, so an
+    iteration straddling a step's edge goes where most of it ran."""
+    mid = start + seconds / 2
+    return any(a <= mid < b for a, b in windows)
 
 
 def read_run_trace(path: str | Path) -> Iterator[dict[str, Any]]:

@@ -75,7 +75,7 @@ from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import Held, apply_decision
 from planner.ledger import LEDGER_FILE, LedgerWriter
-from planner.run_trace import TRACE_FILE, TraceWriter
+from planner.run_trace import TRACE_FILE, TraceWriter, during_steps
 from planner.types import Admission, Candidate, Decision, Drop, Move
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"
@@ -171,6 +171,9 @@ class Controller:
         self.trace = trace
         self.trace_meta = dict(trace_meta or {})  # the `run` line's engine and planner settings
         self._handed_at = 0.0  # run seconds when the batch in training was handed over
+        # (handed over, published) run seconds of the steps since the engine's timings were last
+        # traced: iterations inside one are traced apart (`"train": true`, the colocation fit).
+        self._train_windows: list[tuple[float, float]] = []
 
     # ================================================================== time
     def now(self) -> float:
@@ -186,13 +189,18 @@ class Controller:
         if self.trace is None:
             return
         decode = []
+        windows = self._train_windows
         for e in self.engine.timings():
+            t = self.stats.elapsed_s + (e.t - self._t0)
             if e.kind == "load":
-                t = self.stats.elapsed_s + (e.t - self._t0)
                 self.trace.write("load", t, version=e.version, worker=e.worker, s=round(e.seconds, 6))
             else:
-                decode.append((e.worker, e.seconds, e.steps, e.tokens, e.prefill_tokens, e.compiled))
+                decode.append((e.worker, e.seconds, e.steps, e.tokens, e.prefill_tokens, e.compiled,
+                               during_steps(t, e.seconds, windows)))
         self.trace.decode(self.now(), decode)
+        # Later iterations begin after these steps ended; the step that is training now, if any
+        # (a run's end), is appended when it publishes.
+        self._train_windows = []
 
     def _flush_trace(self) -> None:
         if self.trace is not None:
@@ -534,6 +542,7 @@ class Controller:
                                  end=round(start_s + train_s, 6), groups=len(groups),
                                  tokens=sum(len(s.token_ids) for g in groups for s in g.samples),
                                  prompt_tokens=sum(len(g.prompt_ids) * len(g.samples) for g in groups))
+            self._train_windows.append((self._handed_at, self.now()))  # the step as the simulator's trainer
             if not last:
                 self._trace("publish", version=version)
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")

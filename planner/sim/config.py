@@ -35,6 +35,10 @@ class WorkerConfig:
     # s from the trainer's publish of a version until a worker starts loading it (conversion,
     # transfer, the engine finishing its iteration): its tokens meanwhile are on the old version.
     load_lag: float = 0.0
+    # Engine and trainer share devices (one machine's cores): while the trainer runs a step, every
+    # decode step costs (1 + colocated_slowdown)× its α + β·active. Applies to all workers (on one
+    # machine all are colocated); prefill and weight loads are not slowed. 0 = separate devices.
+    colocated_slowdown: float = 0.0
     sync_mode: str = "partial"  # partial: load now, in-flight samples continue | drain: finish in-flight, then load
 
     def __post_init__(self) -> None:
@@ -48,7 +52,7 @@ class WorkerConfig:
                 check(s > 0, f"{p}.speeds[{i}]", s, "must be > 0")
         for name in ("max_concurrency", "kv_capacity", "decode_alpha"):
             check(getattr(self, name) > 0, f"{p}.{name}", getattr(self, name), "must be > 0")
-        for name in ("decode_beta", "prefill_per_token", "t_sync", "load_lag"):
+        for name in ("decode_beta", "prefill_per_token", "t_sync", "load_lag", "colocated_slowdown"):
             check(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
         check_sync_mode(f"{p}.sync_mode", self.sync_mode, SYNC_MODES)
 

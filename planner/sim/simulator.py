@@ -25,6 +25,12 @@ instead of the synced one (openrlhf) admits work that still starts on the old we
 gates on the synced version (lookahead) is unaffected. `sim.trainer.wait_sync` makes the trainer
 wait for every live worker to hold its last version before the next step, as the runtime does.
 
+Colocation (`sim.workers.colocated_slowdown`): from a batch's hand-over (the trainer's step
+begins) to its STEP_DONE, every worker's decode steps cost (1 + slowdown)× (Worker.set_slow), and
+each live worker's next completion is recomputed at both instants — on one machine the engine and
+the trainer share the cores, so decoding slows while a step runs and fewer tokens carry the old
+version. At 0 no factor changes and no event is added: runs are exactly those without the term.
+
 Everything random comes from `seed` (numpy Generators spawned per purpose), and nothing reads a
 clock, so a run is a function of (policy, config, seed). A run that runs out of events while the
 trainer still waits is a policy bug: it stops and reports `deadlock: true`.
@@ -109,6 +115,7 @@ class Simulator:
         self.workers = [Worker(i, cfg.workers) for i in range(cfg.workers.num_workers)]
         self.partial_sync = cfg.workers.sync_mode == "partial"
         self.load_lag = cfg.workers.load_lag
+        self.colocated_slowdown = cfg.workers.colocated_slowdown
         self.wait_sync = cfg.trainer.wait_sync
         self.trainer = SimTrainer(cfg.trainer, ctx.total_steps)
         self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
@@ -237,6 +244,8 @@ class Simulator:
         tokens = sum(hist.values())
         wait = self.now - trainer.wait_since
         end = trainer.begin(self.now, tokens + prompt_tokens)
+        if self.colocated_slowdown:
+            self._set_slow(1.0 + self.colocated_slowdown)
         self._step_info = {"start_s": self.now, "wait_s": wait, "tokens": tokens, "batch": hist}
         self._out.append((end, EventKind.STEP_DONE, step))
         self._changed = True
@@ -258,6 +267,17 @@ class Simulator:
         w = min([w for w in live if w.version >= g.min_version] or live, key=Worker.load)
         w.enqueue(g)
         self._kick(w)
+
+    def _set_slow(self, factor: float) -> None:
+        """Every worker's decode steps cost `factor`× from now on (the trainer started or ended a
+        step); live workers' next completions are recomputed (older COMPLETION events go stale)."""
+        for w in self.workers:
+            w.set_slow(self.now, factor)
+            if w.alive:
+                w.epoch += 1
+                t = w.next_completion()
+                if t is not None:
+                    self._out.append((t, EventKind.COMPLETION, (w.index, w.epoch)))
 
     def _kick(self, w: Worker, force: bool = False) -> None:
         """After `w` changed: load pending weights when drained, start queued groups, reschedule."""
@@ -343,6 +363,8 @@ class Simulator:
     def _on_step_done(self, step: int) -> None:
         trainer = self.trainer
         version = trainer.end(self.now)
+        if self.colocated_slowdown:
+            self._set_slow(1.0)
         self._changed = self._ask = True
         self._apply(self.p.on_step_done(step=step, now=self.now), "on_step_done")
         live = [w for w in self.workers if w.alive]

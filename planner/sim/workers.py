@@ -8,6 +8,14 @@ counter reaches `c + r`. Finish targets sit in a heap; only the earliest matters
 completion time is recomputed only when this worker's active set (or stall) changes. This is what
 makes the simulator fast: no per-token events.
 
+Colocation (`sim.workers.colocated_slowdown`): while the trainer runs a step, the simulator sets
+every worker's `slow` factor to 1 + slowdown, and back to 1 when the step ends. The counter is a
+fluid measure of decode steps, so a rate change is exact at the instant it happens: a decode step
+in progress runs its elapsed part at the old rate and its remainder at the new one (a real step in
+flight when the trainer starts is slowed from that moment on, by contention, not retroactively).
+`set_slow` brings the counter to `now` at the old rate before it changes; the simulator then
+recomputes the next completion.
+
 Prefill and weight loads *stall* the worker (`stall_until`): its counter does not advance, as on a
 vLLM engine that runs a prefill batch or loads weights between decode steps. Token versions are
 tracked in *segments*: when the worker's version changes, every running group's tokens since the
@@ -38,7 +46,7 @@ class Worker:
         "index", "speed", "alpha", "beta", "prefill", "t_sync", "max_seqs", "kv_cap",
         "counter", "t_last", "stall_until", "active", "seqs", "runs", "queue", "kv_used",
         "version", "synced_version", "pending_version", "alive", "life", "epoch", "busy_since", "busy_total",
-        "stuck", "_next_token",
+        "stuck", "slow", "_next_token",
     )
 
     def __init__(self, index: int, cfg: WorkerConfig) -> None:
@@ -67,6 +75,7 @@ class Worker:
         self.epoch = 0  # bumps on every reschedule; older completion events are stale
         self.busy_since: float | None = None
         self.busy_total = 0.0  # time with >= 1 active sequence
+        self.slow = 1.0  # decode step cost multiplier: 1 + colocated_slowdown while the trainer trains
         self._next_token = 0
 
     # ------------------------------------------------------------------ time
@@ -75,8 +84,14 @@ class Worker:
         if self.active:
             start = self.t_last if self.t_last > self.stall_until else self.stall_until
             if now > start:
-                self.counter += (now - start) * self.speed / (self.alpha + self.beta * self.active)
+                self.counter += (now - start) * self.speed / ((self.alpha + self.beta * self.active) * self.slow)
         self.t_last = now
+
+    def set_slow(self, now: float, factor: float) -> None:
+        """Decode steps cost `factor`× from `now` on (the counter so far at the old rate); the
+        caller reschedules the next completion."""
+        self.advance(now)
+        self.slow = factor
 
     def next_completion(self) -> float | None:
         """Time the earliest running sequence finishes, or None when nothing decodes."""
@@ -86,7 +101,7 @@ class Worker:
         if not self.active:
             return None
         start = self.t_last if self.t_last > self.stall_until else self.stall_until
-        return start + (seqs[0][0] - self.counter) * (self.alpha + self.beta * self.active) / self.speed
+        return start + (seqs[0][0] - self.counter) * (self.alpha + self.beta * self.active) * self.slow / self.speed
 
     def stall(self, now: float, seconds: float) -> None:
         self.stall_until = (self.stall_until if self.stall_until > now else now) + seconds

@@ -36,12 +36,21 @@ def test_a_short_run_is_traced_calibrated_and_replayed_within_loose_bounds(tmp_p
             assert len(e["lengths"]) == 4 and all(1 <= n <= 8 for n in e["lengths"])
     decode = [e for e in events if e["event"] == "decode"]
     assert sum(e["tokens"] for e in decode) == summary["tokens_generated"]  # every iteration is counted
+    # The engine shares the trainer's device: iterations during steps are traced apart, for the
+    # colocation fit (this trainer-bound run generates the next batch while a step runs).
+    assert [e["colocated"] for e in events if e["event"] == "run"] == [True]
+    in_steps = [e for e in decode if e.get("train")]
+    assert in_steps
     assert all(e["t"] <= f["t"] for e, f in zip(events, events[1:]) if e["event"] == f["event"] == "admit")
 
     cal = calibrate(real)
     (real / "calibration.yaml").write_text(yaml.safe_dump(cal))  # as the command line writes it
     w = cal["sim"]["workers"]
     assert w["decode_alpha"] > 0 and w["load_lag"] > 0 and w["max_concurrency"] == 32
+    colo = cal["fit"]["colocation"]
+    assert colo["colocated"] and colo["lines_in_steps"] == len([e for e in in_steps if not e.get("compile")])
+    # Fitted only with iterations on both sides of the steps; otherwise 0 (the simulator as before).
+    assert colo["fitted"] == (colo["lines_outside"] > 0) and (colo["fitted"] or w["colocated_slowdown"] == 0)
     config = SimulateConfig.from_mapping({
         "policy": {"name": "lookahead"}, "max_staleness": 1, "batch_groups": 4, "group_size": 4, "steps": 10,
         "seed": 0, "workload": {"name": "trace", "path": str(real / TRACE_FILE), "prompt_tokens": 256},

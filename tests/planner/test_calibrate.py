@@ -8,21 +8,25 @@ import pytest
 import yaml
 
 from planner.calibrate import calibrate, main, nnls
+from planner.configs import build
 from planner.run_trace import TraceWriter
+from planner.sim import SimConfig
 from planner.simulate import SimulateConfig, sim_overrides
 
 ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01, 0.003
 SPEEDS = (1.0, 0.5)
 
 
-def synthetic_run(run_dir, steps=12):
-    """A trace whose every time follows the simulator's cost model exactly."""
+def synthetic_run(run_dir, steps=12, *, colocated=None, slowdown=0.0):
+    """A trace whose every time follows the simulator's cost model exactly; with `slowdown`, it
+    also has iterations during trainer steps whose decode part is (1 + slowdown)× slower, and
+    `colocated` goes into the `run` line (None: left out, as in traces before the field)."""
     run_dir.mkdir()
     rng = np.random.default_rng(0)
     w = TraceWriter(run_dir / "trace.jsonl")
     w.write("run", 0.0, step=0, policy="lookahead", max_staleness=1, batch_groups=4, group_size=2,
             admission_window=8, max_new_tokens=8, engine="jax", workers=2, slots=16, kv_tokens=2048,
-            sync_mode="partial")
+            sync_mode="partial", **({} if colocated is None else {"colocated": colocated}))
     t = 0.0
     for k in range(steps):
         calls = []
@@ -30,8 +34,12 @@ def synthetic_run(run_dir, steps=12):
             for active in (2, 6, 16):
                 steps_, prefill = 8, int(rng.integers(0, 100))
                 s = (ALPHA * steps_ + BETA * steps_ * active + PREFILL * prefill) / speed
-                calls.append((worker, s, steps_, steps_ * active, prefill, False))
-        calls.append((0, 5.0, 8, 16, 0, True))  # a compiling iteration: left out
+                calls.append((worker, s, steps_, steps_ * active, prefill, False, False))
+                if slowdown:
+                    decode = (ALPHA * steps_ + BETA * steps_ * active) * (1 + slowdown)
+                    calls.append((worker, (decode + PREFILL * prefill) / speed, steps_, steps_ * active, prefill,
+                                  False, True))
+        calls.append((0, 5.0, 8, 16, 0, True, False))  # a compiling iteration: left out
         tokens, prompt = int(rng.integers(100, 2000)), int(rng.integers(50, 500))
         duration = C0 + C1 * (tokens + prompt) + (3.0 if k == 0 else 0.0)  # step 0 compiles
         w.write("train", t, step=k, start=t, end=t + duration, groups=4, tokens=tokens, prompt_tokens=prompt)
@@ -63,6 +71,27 @@ def test_the_fit_recovers_the_cost_model_that_made_the_trace(tmp_path):
     assert cal["sim"]["admission_window"] == 8
     assert cal["fit"]["decode"]["left_out"] == 12 and cal["fit"]["trainer"]["left_out"] == 1
     assert cal["fit"]["decode"]["rms_s"] < 1e-9 and cal["fit"]["trainer"]["r2"] == pytest.approx(1.0)
+
+
+def test_a_colocated_runs_slowdown_during_trainer_steps_is_recovered_and_the_rest_fitted_without_it(tmp_path):
+    cal = calibrate(synthetic_run(tmp_path / "run", colocated=True, slowdown=0.7))
+    w, fit = cal["sim"]["workers"], cal["fit"]
+    assert w["colocated_slowdown"] == pytest.approx(0.7, rel=1e-3)
+    mean_speed = np.mean(SPEEDS)
+    assert (w["decode_alpha"], w["decode_beta"], w["prefill_per_token"]) == pytest.approx(
+        (ALPHA / mean_speed, BETA / mean_speed, PREFILL / mean_speed), rel=1e-3)
+    assert w["speeds"] == pytest.approx([s / mean_speed for s in SPEEDS], rel=1e-3)
+    assert fit["decode"]["rms_s"] < 1e-9  # the slowed lines are not in the decode fit
+    assert fit["colocation"] == {"colocated": True, "lines_in_steps": 12 * 6, "lines_outside": 12 * 6, "fitted": True}
+    assert build(SimConfig, cal["sim"], "sim").workers.colocated_slowdown == pytest.approx(0.7, rel=1e-3)
+
+
+@pytest.mark.parametrize("colocated", [False, None])
+def test_an_engine_on_its_own_devices_gets_no_slowdown(tmp_path, colocated):
+    cal = calibrate(synthetic_run(tmp_path / "run", colocated=colocated, slowdown=0.7))
+    assert cal["sim"]["workers"]["colocated_slowdown"] == 0.0
+    assert cal["fit"]["colocation"]["fitted"] is False and cal["fit"]["colocation"]["lines_in_steps"] == 12 * 6
+    assert cal["fit"]["decode"]["rms_s"] > 1e-4  # every iteration fitted alike: the slowed ones do not fit
 
 
 def test_nnls_keeps_every_coefficient_non_negative():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from planner.run_trace import TraceWriter, finished_groups, read_run_trace
+from planner.run_trace import TraceWriter, during_steps, finished_groups, read_run_trace
 from planner.sim.trace import read_trace
 
 
@@ -49,16 +49,26 @@ def test_a_line_missing_a_field_or_an_unknown_event_is_an_error_naming_it(tmp_pa
         list(read_run_trace(tmp_path / "absent.jsonl"))
 
 
-def test_decode_lines_sum_iterations_per_worker_and_active_count_with_compiles_apart(tmp_path):
+def test_decode_lines_sum_iterations_per_worker_and_active_count_with_compiles_and_train_steps_apart(tmp_path):
     w = TraceWriter(tmp_path / "trace.jsonl")
-    # (worker, seconds, steps, tokens, prefill tokens, compiled)
-    w.decode(5.0, [(0, 0.1, 8, 64, 10, False), (0, 0.3, 8, 62, 0, False), (0, 2.0, 8, 64, 0, True),
-                   (1, 0.2, 4, 16, 0, False)])
+    # (worker, seconds, steps, tokens, prefill tokens, compiled, during a trainer step)
+    w.decode(5.0, [(0, 0.1, 8, 64, 10, False, False), (0, 0.3, 8, 62, 0, False, False), (0, 2.0, 8, 64, 0, True, False),
+                   (1, 0.2, 4, 16, 0, False, False), (0, 0.5, 8, 64, 0, False, True), (0, 0.7, 8, 64, 0, False, True)])
     w.close()
     lines = list(read_run_trace(tmp_path / "trace.jsonl"))
     assert [(e["worker"], e["active"], e["calls"], e["steps"], e["tokens"], e["prefill_tokens"], e["s"],
-             e.get("compile", False)) for e in lines] == [
-        (0, 8, 2, 16, 126, 10, 0.4, False), (0, 8, 1, 8, 64, 0, 2.0, True), (1, 4, 1, 4, 16, 0, 0.2, False)]
+             e.get("compile", False), e.get("train", False)) for e in lines] == [
+        (0, 8, 2, 16, 126, 10, 0.4, False, False), (0, 8, 2, 16, 128, 0, 1.2, False, True),
+        (0, 8, 1, 8, 64, 0, 2.0, True, False), (1, 4, 1, 4, 16, 0, 0.2, False, False)]
+
+
+def test_an_iteration_is_during_a_step_when_most_of_it_ran_inside_one():
+    steps = [(1.0, 2.0), (5.0, 6.0)]
+    assert during_steps(1.2, 0.3, steps) and during_steps(5.0, 0.0, steps)
+    assert during_steps(0.5, 1.2, steps)  # 0.5 .. 1.7: mostly inside the first step
+    assert not during_steps(0.2, 1.0, steps)  # 0.2 .. 1.2: mostly before it
+    assert not during_steps(1.9, 0.4, steps)  # ends after the step, most of it outside
+    assert not during_steps(3.0, 0.5, steps) and not during_steps(6.0, 0.0, steps) and not during_steps(1.0, 0.5, [])
 
 
 def test_a_replay_gets_each_finished_group_in_stream_order_with_its_last_attempts_lengths(tmp_path):
