@@ -29,8 +29,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxrl_async.eval import EvalConfig, evaluate  # noqa: E402
-from jaxrl_async.models.loading import ModelSpec  # noqa: E402
+from plot_recipe import held_out_pass_at_1, smooth  # noqa: E402  benchmarks/, beside this script
 
 
 @dataclass(frozen=True)
@@ -69,11 +68,6 @@ def run(variant: Variant, experiment: str, run_dir: Path, seed: int) -> None:
     print(f"{variant.name}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def held_out_pass_at_1(source: str, run: dict) -> float:
-    config = EvalConfig(model=ModelSpec(source=source), task=dict(run["task"]), max_new_tokens=run["max_new_tokens"])
-    return evaluate(config)[0].pass_at_1
-
-
 def read(variant: Variant, run_dir: Path) -> dict:
     from omegaconf import OmegaConf
 
@@ -96,18 +90,13 @@ def read(variant: Variant, run_dir: Path) -> dict:
                 is_weight_max=[r["train/is_weight_max"] for r in records])
 
 
-def smooth(points: list[tuple[float, float]], k: int = 5) -> tuple[list[float], list[float]]:
-    xs = [x for x, _ in points]
-    ys = [y for _, y in points]
-    return xs, [sum(ys[max(0, i - k + 1): i + 1]) / len(ys[max(0, i - k + 1): i + 1]) for i in range(len(ys))]
-
-
 def report(rows: list[dict], experiment: str, base: float, out: Path) -> str:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 7), sharex=True)
     for row in rows:
         label = row["variant"].name
         top.plot(*zip(*([(0.0, base)] + row["evals"])), marker="o", label=label)
-        bottom.plot(*smooth(row["rewards"]), label=label)
+        times, rewards = zip(*row["rewards"])
+        bottom.plot(times, smooth(list(rewards)), label=label)
     top.set(ylabel="held-out greedy pass@1", title=f"SmolLM2-135M, +experiment={experiment}")
     bottom.set(xlabel="wall time (s)", ylabel="training reward (5-step mean)")
     top.legend(fontsize=7)

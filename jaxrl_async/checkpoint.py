@@ -122,17 +122,17 @@ class Checkpointer:
         try:
             yield
         except OSError as e:
-            self._failed = True
-            code = errno.errorcode.get(e.errno, "?") if e.errno is not None else "?"
-            raise CheckpointWriteError(f"checkpoint: cannot write {self.directory}: [Errno {e.errno} {code}] "
-                                       f"{e.strerror or e}") from None
+            raise self._write_error(e.errno, e.strerror or str(e)) from None
         except ValueError as e:  # tensorstore's (OCDBT) write errors carry the errno in their text
             number = tensorstore_errno(e)
             if number is None:
                 raise
-            self._failed = True
-            raise CheckpointWriteError(f"checkpoint: cannot write {self.directory}: [Errno {number} "
-                                       f"{errno.errorcode.get(number, '?')}] {os.strerror(number)}") from None
+            raise self._write_error(number, os.strerror(number)) from None
+
+    def _write_error(self, number: int | None, reason: str) -> CheckpointWriteError:
+        self._failed = True
+        code = errno.errorcode.get(number, "?") if number is not None else "?"
+        return CheckpointWriteError(f"checkpoint: cannot write {self.directory}: [Errno {number} {code}] {reason}")
 
     def due(self, steps_done: int) -> bool:
         """Whether the periodic policy saves after `steps_done` steps: after the first step, then

@@ -39,8 +39,8 @@ import json
 import logging
 import os
 import signal
-import threading
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass

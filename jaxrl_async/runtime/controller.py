@@ -185,12 +185,16 @@ class Controller:
             self.trace.write(event, self.now(), **fields)
 
     def _trace_engine(self) -> None:
-        """The engine's timings since the last call: each load, and the iterations aggregated."""
+        """The engine's timings since the last call: each load, and the iterations aggregated.
+        Drained even without a trace, so that the engine does not keep them for the whole run."""
+        timings, windows = self.engine.timings(), self._train_windows
+        # Later iterations begin after these steps ended; the step that is training now, if any
+        # (a run's end), is appended when it publishes.
+        self._train_windows = []
         if self.trace is None:
             return
         decode = []
-        windows = self._train_windows
-        for e in self.engine.timings():
+        for e in timings:
             t = self.stats.elapsed_s + (e.t - self._t0)
             if e.kind == "load":
                 self.trace.write("load", t, version=e.version, worker=e.worker, s=round(e.seconds, 6))
@@ -198,11 +202,10 @@ class Controller:
                 decode.append((e.worker, e.seconds, e.steps, e.tokens, e.prefill_tokens, e.compiled,
                                during_steps(t, e.seconds, windows)))
         self.trace.decode(self.now(), decode)
-        # Later iterations begin after these steps ended; the step that is training now, if any
-        # (a run's end), is appended when it publishes.
-        self._train_windows = []
 
-    def _flush_trace(self) -> None:
+    def _flush_durable(self) -> None:
+        """fsync the ledger and the trace (docs/fault_tolerance.md): at step ends and saves."""
+        self.ledger.flush(sync=True)
         if self.trace is not None:
             self.trace.flush(sync=True)
 
@@ -550,8 +553,7 @@ class Controller:
             timing = StepTiming(wait_s, train_s, overlap_s, start_s, start_s + train_s)
             # The ledger before the metrics record: a kill between them leaves metrics.jsonl no
             # longer than the ledger's steps (the audit compares the two).
-            self.ledger.flush(sync=True)
-            self._flush_trace()
+            self._flush_durable()
             await self._record(step, groups, hist, metrics, timing)
         if not last:
             await self._push(version)
@@ -584,8 +586,7 @@ class Controller:
             await self._settle()
             # Durable up to this completed step (and the next step's admissions): a SIGKILL from
             # here on loses at most the step in progress (docs/fault_tolerance.md).
-            self.ledger.flush(sync=True)
-            self._flush_trace()
+            self._flush_durable()
 
     async def _start_eval(self, version: int) -> None:
         """Evaluate the weights `version` the engine now holds on the held-out prompts, behind every
@@ -673,8 +674,7 @@ class Controller:
         """Save at a step boundary (between the events, under the lock): see `runtime.state`."""
         if self.checkpointer is None:
             return
-        self.ledger.flush(sync=True)
-        self._flush_trace()
+        self._flush_durable()
         meta = to_json(self.snapshot(await self._stats_now()))
         self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
 
