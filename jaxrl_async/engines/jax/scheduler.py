@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jaxrl_async.engines.base import FinishReason, GenerationRequest, SampleOutput
@@ -50,6 +51,14 @@ class RequestQueue:
             admitted.append(request)
         return admitted
 
+    def pop_while(self, take: Callable[[GenerationRequest], bool]) -> list[GenerationRequest]:
+        """Pop requests in priority order while `take(head)` says it took the head's resources
+        (a paged engine's free slots and pages); the first refusal stops (no back-filling)."""
+        admitted = []
+        while self._heap and take(self._heap[0][2]):
+            admitted.append(heapq.heappop(self._heap)[2])
+        return admitted
+
 
 @dataclass
 class SlotSequence:
@@ -57,7 +66,9 @@ class SlotSequence:
 
     `last_token` is fed at `position` in the next decode step; the prompt's last token is fed
     that way too, so the first sampled token comes out of the first decode step. The `pending_*`
-    lists hold what was generated but not yet delivered in a `SampleOutput`.
+    lists hold what was generated but not yet delivered in a `SampleOutput`. `history` (a paged
+    engine's, else None): the prompt and every token sampled so far, so that a preempted
+    sample's keys and values can be computed again when it resumes.
     """
 
     request_id: str
@@ -70,6 +81,7 @@ class SlotSequence:
     pending_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
     pending_versions: VersionRuns = field(default_factory=list)
+    history: list[int] | None = None
 
     def append(self, token: int, logprob: float, version: int) -> FinishReason | None:
         """Record a sampled token; returns why the sample ends, or None if it goes on."""
@@ -79,6 +91,8 @@ class SlotSequence:
         self.generated += 1
         self.last_token = token
         self.position += 1
+        if self.history is not None:
+            self.history.append(token)
         if token in self.stop_token_ids:
             return "stop"
         if self.generated >= self.max_new_tokens:
