@@ -11,6 +11,10 @@ prints exactly one JSON object (docs/design.md §8):
 or key, a bad value, a prompt that does not fit the model's context — is one line on stderr and
 exit status 1.
 
+The engine takes the same `engine.*` keys as training's JAX engine (`EngineConfig`, e.g.
+`engine.page_size=16` for the paged KV cache), except that its max_len is the prompt plus
+max_new_tokens (rounded up to whole pages when paged) and its min_bucket at most that.
+
 The command line's plumbing (compose, type, one-line errors) is jaxrl_async/cli.py's.
 """
 
@@ -18,9 +22,11 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Any
 
+from jaxrl_async.engines.jax.core import EngineConfig
 from jaxrl_async.models.loading import ModelSpec
 from planner.configs import build, check
 
@@ -40,6 +46,8 @@ class GenerateConfig:
     seed: int = 0
     chat: bool = True  # apply the chat template when the tokenizer has one
     output: str = "text"  # "text": print the completion | "json": one JSON object
+    # The JAX engine's keys (one slot: one prompt); max_len and min_bucket follow the prompt.
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=1))
 
     def __post_init__(self) -> None:
         check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")
@@ -57,7 +65,7 @@ def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
 def generate(config: GenerateConfig) -> dict[str, Any]:
     """Load the model, run the prompt through an `EngineCore` of one slot, return the result."""
     from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-    from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+    from jaxrl_async.engines.jax.core import make_core
     from jaxrl_async.models.loading import load_model
 
     loaded = load_model(config.model.source, dtype=config.model.dtype)
@@ -78,8 +86,10 @@ def generate(config: GenerateConfig) -> dict[str, Any]:
     if need > context:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={config.max_new_tokens} "
                          f"= {need} exceeds the model's context max_position_embeddings={context}")
-    core = EngineCore(loaded.model, loaded.cfg,
-                      EngineConfig(num_slots=1, max_len=need, min_bucket=min(16, need)))
+    page = config.engine.page_size
+    max_len = -(-need // page) * page if page else need
+    engine = dataclasses.replace(config.engine, max_len=max_len, min_bucket=min(config.engine.min_bucket, max_len))
+    core = make_core(loaded.model, loaded.cfg, engine)
     core.submit(GenerationRequest("prompt", prompt_ids, sampling))
     outputs = []
     while core.has_work():

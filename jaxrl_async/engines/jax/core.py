@@ -21,8 +21,8 @@
 
 The decode step attends over cache positions [0, L) only, L the smallest bucket (the prefill
 buckets: min_bucket * 2**i) above every active slot's position after the call, when L is at
-most max_len / 4, else max_len (`_decode_length` says why): a slot at position 100 costs what
-a 128-token context costs, not max_len.
+most the backend's cut-off (`LIVE_BUCKET_LIMITS`: max_len / 4 on CPU, 1,024 on GPU), else
+max_len: a slot at position 100 costs what a 128-token context costs, not max_len.
 
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
 core directly; `JaxEngine` (engine.py) runs it in a thread for the async runtime.
@@ -42,7 +42,7 @@ moved onto the mesh device to device (`layout.regroup_for`), never through the h
 mesh per replica (`engines/replicated.py` runs them as one engine).
 
 Compilations: `engine_prefill`, `engine_copy_prefix` once per bucket, `engine_decode_steps` once
-per decode length (the buckets up to max_len / 4, and max_len),
+per decode length (the buckets up to the cut-off, and max_len),
 per model structure and engine shape (and the decode step again per width of the padded
 stop-token table: 4, 8, 16, ... stop tokens per request).
 Weight swaps never recompile. Without a mesh the jitted steps are module-level, so
@@ -50,8 +50,11 @@ engines of the same shapes share them; with a mesh each core compiles its own (i
 its own). `COMPILE_COUNTS` counts their backend compilations process-wide (from jax's compile
 events, so it also sees recompilations without a retrace, e.g. for a changed input sharding).
 
+`make_core` builds this core for `page_size` 0 (every slot owns `max_len` contiguous
+positions) and `paged.PagedEngineCore` for a paged KV cache (page_size > 0).
+
 Left out on purpose: chunked prefill of a prompt longer than one call, prefix caching across
-requests, paged KV memory (every slot owns `max_len` positions).
+requests.
 """
 
 from __future__ import annotations
@@ -82,7 +85,8 @@ SyncMode = Literal["partial", "drain"]
 
 COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
-_STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps", "engine_prefill_paged", "engine_copy_page")
+_STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps", "engine_prefill_paged", "engine_copy_page",
+          "engine_read_pages", "engine_write_pages")
 
 
 def _count_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -551,14 +555,13 @@ class EngineCore:
         return {}
 
 
-def new_sequence(request: GenerationRequest, sample_index: int, *, history: bool = False) -> SlotSequence:
+def new_sequence(request: GenerationRequest, sample_index: int) -> SlotSequence:
     """Sample `sample_index` of a request as admitted: its prompt's last token is fed next, at
-    position len(prompt) - 1. history=True keeps the token history (a paged core's)."""
+    position len(prompt) - 1."""
     prompt, sp = request.prompt_ids, request.sampling
     return SlotSequence(request_id=request.request_id, sample_index=sample_index, last_token=prompt[-1],
                         position=len(prompt) - 1, max_new_tokens=sp.max_new_tokens,
-                        stop_token_ids=frozenset(sp.stop_token_ids),
-                        history=list(prompt) if history else None)
+                        stop_token_ids=frozenset(sp.stop_token_ids))
 
 
 def make_core(model: nnx.Module, model_config: ModelConfig, config: EngineConfig, version: int = 0,

@@ -40,6 +40,8 @@ class Steps:
     install: Callable  # checked params -> the engine's own generation-layout copy
     prefill_paged: Callable  # the paged cache's (page_size > 0)
     copy_page: Callable
+    read_pages: Callable
+    write_pages: Callable
 
 
 SHARED_STEPS = Steps(
@@ -49,7 +51,9 @@ SHARED_STEPS = Steps(
                    donate_argnums=4),
     install=jax.jit(generation_copy),
     prefill_paged=jax.jit(steps.engine_prefill_paged, static_argnums=0, donate_argnums=2),
-    copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0))
+    copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0),
+    read_pages=jax.jit(steps.engine_read_pages),
+    write_pages=jax.jit(steps.engine_write_pages, donate_argnums=0))
 
 
 def mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> Steps:
@@ -71,7 +75,9 @@ def mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> Steps:
         install=jax.jit(generation_copy, out_shardings=weights),
         prefill_paged=jax.jit(steps.engine_prefill_paged, static_argnums=0, donate_argnums=2,
                               out_shardings=cache),
-        copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0, out_shardings=cache))
+        copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0, out_shardings=cache),
+        read_pages=jax.jit(steps.engine_read_pages),
+        write_pages=jax.jit(steps.engine_write_pages, donate_argnums=0, out_shardings=cache))
 
 
 def generation_shardings(params: dict) -> dict:

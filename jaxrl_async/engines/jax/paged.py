@@ -14,17 +14,16 @@ could hold at `max_len` each. The rules:
 - Growth: before each decode call every active sample takes the pages its next (up to k)
   positions need, oldest admission first.
 - Back-pressure: when a sample cannot get its next page, the youngest active sample is
-  preempted (recompute preemption, as in vLLM; Kwon et al. 2023): its pages go back to the pool
-  and it waits, with every token it sampled, in a resume list ahead of the queue. Nothing is
-  lost or delivered twice, and its tokens keep their versions. It resumes (oldest admission
-  first, before any new request) with one prefill of its prompt and tokens so far under the
-  current weights, and decodes on. Sampling keys depend on (seed, sample, token index) only, so
-  with unchanged weights it samples what it would have sampled (its keys and values are
-  recomputed, equal to rounding). In "partial" sync mode a sample resumed after a swap has its
-  earlier keys and values recomputed by the new weights (the tokens and their versions stay).
-  In "drain" mode a preempted sample is in flight: it resumes, on the old weights, before the
-  swap. Progress: the oldest active sample is preempted only when it is the only one left, and
-  alone it fits (kv_pages >= max_len / page_size, `EngineConfig`'s check).
+  preempted (as in vLLM, Kwon et al. 2023, with swapping): its pages' keys and values are copied
+  to the host, its pages go back to the pool, and it waits in a resume list ahead of the queue.
+  It resumes (oldest admission first, before any new request) in new pages that get its keys
+  and values back, exactly as they were, and decodes on. So a preempted sample samples exactly
+  what it would have sampled, whatever the weights did meanwhile (in "partial" mode its earlier
+  keys and values stay as the old weights computed them, as for a sample never preempted):
+  nothing is lost or delivered twice and every token keeps its version. In "drain" mode a
+  preempted sample is in flight: it resumes, on the old weights, before the swap. Progress: the
+  oldest active sample is preempted only when it is the only one left, and alone it fits
+  (kv_pages >= max_len / page_size, `EngineConfig`'s check).
 - Release: a finished, aborted or preempted sample returns its pages (a shared prompt page once
   its last sample lets go). Free + used pages = kv_pages after every step (`pages.check()`).
 
@@ -33,8 +32,9 @@ to whole pages): the gather reads those pages, so the contiguous core's max_len 
 (`LIVE_BUCKET_LIMITS`) does not apply. `paged_attention.KERNELS` picks the attention
 implementation per backend (XLA's gather on CPU, the Pallas kernel on GPU/TPU).
 
-Compilations: `engine_prefill_paged` once per prefill bucket, `engine_copy_page` once,
-`engine_decode_steps` once per live page count used (buckets rounded to pages).
+Compilations: `engine_prefill_paged` once per prefill bucket, `engine_copy_page`,
+`engine_read_pages` and `engine_write_pages` once (a slot's whole table row, max_len / page_size
+pages, padded with the sentinel), `engine_decode_steps` once per live page count used.
 """
 
 from __future__ import annotations
@@ -58,11 +58,14 @@ from jaxrl_async.models.config import ModelConfig
 
 @dataclass
 class _Preempted:
-    """A sample waiting to resume: its sequence (with its history), its sampling, its admission."""
+    """A sample waiting to resume: its sequence, sampling and admission order, and the keys and
+    values of its pages (host arrays: per layer [max_len / page_size, ...], the first `pages` real)."""
 
     seq: SlotSequence
     sampling: SamplingParams
     order: int
+    pages: int
+    kv: tuple
 
 
 class PagedEngineCore(EngineCore):
@@ -89,8 +92,9 @@ class PagedEngineCore(EngineCore):
         return len(self._queue) + len(self._resume)
 
     @property
-    def preempted(self) -> int:
-        return len(self._resume)
+    def preempted(self) -> list[SlotSequence]:
+        """The samples waiting to resume, oldest admission first."""
+        return [p.seq for p in self._resume]
 
     def has_work(self) -> bool:
         return bool(self.active_slots or self._pending_weights
@@ -153,7 +157,9 @@ class PagedEngineCore(EngineCore):
 
     def _preempt(self, slot: int) -> None:
         seq = self._slots[slot]
-        self._resume.append(_Preempted(seq, self._sampling[slot], self._order[slot]))
+        kv = jax.device_get(self._steps.read_pages(self._cache, self.pages.table[slot]))
+        self._resume.append(_Preempted(seq, self._sampling[slot], self._order[slot],
+                                       len(self.pages.pages[slot]), kv))
         self._resume.sort(key=lambda p: p.order)
         self._slots[slot] = None
         self._arrays.clear(slot)
@@ -162,7 +168,7 @@ class PagedEngineCore(EngineCore):
 
     def _admit_paged(self) -> None:
         """Resume preempted samples, then admit queued requests, while slots and pages last;
-        prefill the prompts (packed) and copy each group's partial prompt page."""
+        prefill the new prompts (packed) and copy each group's partial prompt page."""
         free, k = self._free_slots(), self.config.decode_steps_per_call
         to_prefill: list[tuple[list[int], list[int]]] = []
         copies: list[tuple[int, int]] = []
@@ -175,8 +181,10 @@ class PagedEngineCore(EngineCore):
             slot = free.pop(0)
             self.pages.grow(slot, end)
             self._place(slot, p.seq, p.sampling, order=p.order)
-            if p.seq.position:
-                to_prefill.append((p.seq.history[:-1], [slot]))
+            # Its keys and values back into its first new pages (pages past them: sentinel, dropped).
+            targets = np.full_like(self.pages.table[slot], self.config.total_pages)
+            targets[:p.pages] = self.pages.table[slot, :p.pages]
+            self._cache = self._steps.write_pages(self._cache, targets, *p.kv)
 
         def take(request: GenerationRequest) -> bool:
             sp, prefix_len = request.sampling, len(request.prompt_ids) - 1
@@ -187,7 +195,7 @@ class PagedEngineCore(EngineCore):
             copies.extend(self.pages.admit_group(slots, prefix_len, end))
             order = next(self._admissions)
             for i, slot in enumerate(slots):
-                self._place(slot, new_sequence(request, i, history=True), sp, order=order)
+                self._place(slot, new_sequence(request, i), sp, order=order)
             if prefix_len:
                 to_prefill.append((request.prompt_ids[:-1], slots))
             return True
@@ -246,6 +254,9 @@ class PagedEngineCore(EngineCore):
             self._cache = self._steps.prefill_paged(self.model_config, self._weights, self._cache, zeros,
                                                     zeros, zeros, zeros[0] + dropped, zeros[0])
         self._cache = self._steps.copy_page(self._cache, dropped, dropped)
+        row = self.pages.table[0]  # all sentinel on an idle engine
+        kv = jax.device_get(self._steps.read_pages(self._cache, row))  # host arrays, as `_preempt` keeps
+        self._cache = self._steps.write_pages(self._cache, row, *kv)
         for length in sorted({self._decode_length(b) for b in self.config.buckets()}):
             self._cache, tokens, *_ = self._run_decode(length)
         jax.block_until_ready(tokens)

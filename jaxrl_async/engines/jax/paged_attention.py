@@ -90,21 +90,25 @@ def pallas_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table
     s, t, h, d = q.shape
     assert t == 1, f"pallas_attention decodes one token per slot, got T={t}"
     kv, ps, n = k_pages.shape[1], k_pages.shape[-1], table.shape[1]
-    qh = q.reshape(s, kv, h // kv, d)  # heads k*G + g, as transformer._q_heads groups them
+    g = h // kv
+    qh = q.reshape(s, kv, g, d)  # heads k*G + g, as transformer._q_heads groups them
+    # The query rows of a kv head padded to a power of two >= 16: Triton's dot needs both.
+    rows = max(16, 1 << (g - 1).bit_length())
+    qh = jnp.pad(qh, ((0, 0), (0, 0), (0, rows - g), (0, 0)))
     table = jnp.minimum(table, k_pages.shape[0] - 1)
     out = pl.pallas_call(
         functools.partial(_paged_kernel, page_size=ps, num_pages=n),
         grid=(s, kv),
         in_specs=[pl.BlockSpec((1,), lambda i, j: (i,)),
                   pl.BlockSpec((1, n), lambda i, j: (i, 0)),
-                  pl.BlockSpec((1, 1, h // kv, d), lambda i, j: (i, j, 0, 0)),
+                  pl.BlockSpec((1, 1, rows, d), lambda i, j: (i, j, 0, 0)),
                   pl.BlockSpec(k_pages.shape, lambda i, j: (0, 0, 0, 0)),
                   pl.BlockSpec(v_pages.shape, lambda i, j: (0, 0, 0, 0))],
-        out_specs=pl.BlockSpec((1, 1, h // kv, d), lambda i, j: (i, j, 0, 0)),
+        out_specs=pl.BlockSpec((1, 1, rows, d), lambda i, j: (i, j, 0, 0)),
         out_shape=jax.ShapeDtypeStruct(qh.shape, q.dtype),
         interpret=interpret,
     )(positions, table, qh, k_pages, v_pages)
-    return out.reshape(s, 1, h, d)
+    return out[:, :, :g].reshape(s, 1, h, d)
 
 
 IMPLEMENTATIONS = {"xla": gather_attention, "pallas": pallas_attention}

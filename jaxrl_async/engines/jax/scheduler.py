@@ -66,9 +66,7 @@ class SlotSequence:
 
     `last_token` is fed at `position` in the next decode step; the prompt's last token is fed
     that way too, so the first sampled token comes out of the first decode step. The `pending_*`
-    lists hold what was generated but not yet delivered in a `SampleOutput`. `history` (a paged
-    engine's, else None): the prompt and every token sampled so far, so that a preempted
-    sample's keys and values can be computed again when it resumes.
+    lists hold what was generated but not yet delivered in a `SampleOutput`.
     """
 
     request_id: str
@@ -81,7 +79,6 @@ class SlotSequence:
     pending_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
     pending_versions: VersionRuns = field(default_factory=list)
-    history: list[int] | None = None
 
     def append(self, token: int, logprob: float, version: int) -> FinishReason | None:
         """Record a sampled token; returns why the sample ends, or None if it goes on."""
@@ -91,8 +88,6 @@ class SlotSequence:
         self.generated += 1
         self.last_token = token
         self.position += 1
-        if self.history is not None:
-            self.history.append(token)
         if token in self.stop_token_ids:
             return "stop"
         if self.generated >= self.max_new_tokens:

@@ -10,7 +10,8 @@ The weights are `inference_weights` (one array per layer) and the cache a per-la
   (the other samples of a prompt with n > 1 share its prefill).
 - `engine_prefill_paged`, `engine_copy_page`: the same for a paged cache (paged_attention.py):
   writes go to (page, offset) pairs the host computed from its page tables; a sample's copy of
-  its prompt's partial last page is one page copy.
+  its prompt's partial last page is one page copy. `engine_read_pages` / `engine_write_pages`
+  move a preempted sample's pages to the host and back into new pages when it resumes.
 - `engine_decode`: feed one token per slot [S] at its position, sample the next token per slot with
   its own parameters, return the updated cache, the tokens and their log-probs.
 
@@ -68,6 +69,19 @@ def engine_copy_page(cache: KVCache, src: jax.Array, dst: jax.Array) -> KVCache:
     prompt's partial last page)."""
     return KVCache(k=tuple(kt.at[dst].set(kt[src], mode="drop") for kt in cache.k),
                    v=tuple(v.at[dst].set(v[src], mode="drop") for v in cache.v))
+
+
+def engine_read_pages(cache: KVCache, pages: jax.Array) -> tuple[tuple[jax.Array, ...], tuple[jax.Array, ...]]:
+    """The keys and values of `pages` [M] (every layer) of a paged cache, to keep on the host while
+    their sample is preempted. Out-of-range (sentinel) entries read a clamped page: ignore them."""
+    return tuple(kt[pages] for kt in cache.k), tuple(v[pages] for v in cache.v)
+
+
+def engine_write_pages(cache: KVCache, pages: jax.Array, k: tuple, v: tuple) -> KVCache:
+    """Write `engine_read_pages`' arrays back into `pages` [M] (a resumed sample's new pages);
+    sentinel entries are dropped."""
+    return KVCache(k=tuple(kt.at[pages].set(x.astype(kt.dtype), mode="drop") for kt, x in zip(cache.k, k, strict=True)),
+                   v=tuple(vt.at[pages].set(x.astype(vt.dtype), mode="drop") for vt, x in zip(cache.v, v, strict=True)))
 
 
 def engine_copy_prefix(cache: KVCache, src: jax.Array, dst: jax.Array, length: int) -> KVCache:
