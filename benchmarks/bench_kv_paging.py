@@ -144,7 +144,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="step time: model shape")
     parser.add_argument("--max-lens", type=int, nargs="+", default=[512, 2048])
-    parser.add_argument("--lives", type=int, nargs="+", default=[64, 256, 512])
+    parser.add_argument("--lives", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--kernel", choices=["auto", *IMPLEMENTATIONS], default="auto",

@@ -32,6 +32,10 @@ to whole pages): the gather reads those pages, so the contiguous core's max_len 
 (`LIVE_BUCKET_LIMITS`) does not apply. `paged_attention.KERNELS` picks the attention
 implementation per backend (XLA's gather on CPU, the Pallas kernel on GPU/TPU).
 
+Placement: the paged cache takes `sharding.cache_shardings` like the contiguous one (kv heads
+on `tensor`); its page axis takes the batch axis's data x fsdp, which is 1 in an engine
+replica's (1, 1, T) mesh, so every device holds every page of its heads.
+
 Compilations: `engine_prefill_paged` once per prefill bucket, `engine_copy_page`,
 `engine_read_pages` and `engine_write_pages` once (a slot's whole table row, max_len / page_size
 pages, padded with the sentinel), `engine_decode_steps` once per live page count used.
