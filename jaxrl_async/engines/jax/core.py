@@ -192,6 +192,11 @@ class EngineConfig:
                   f"must be an int >= max_len / page_size = {least} (one sequence of max_len must fit)")
 
     @property
+    def kv_tokens(self) -> int:
+        """KV positions the cache holds: num_slots * max_len, or kv_pages * page_size when paged."""
+        return self.num_slots * self.max_len if self.page_size == 0 else self.total_pages * self.page_size
+
+    @property
     def total_pages(self) -> int:
         """KV pages of a paged engine: `kv_pages`, or what num_slots * max_len positions take."""
         assert self.page_size > 0, "total_pages of a contiguous engine"

@@ -61,6 +61,8 @@ def test_page_size_zero_is_the_contiguous_core_and_paged_keys_are_validated():
     with pytest.raises(ValueError, match=r"^engine.kv_pages=8: needs engine.page_size > 0$"):
         EngineConfig(**ENGINE, kv_pages=8)
     assert EngineConfig(**ENGINE, page_size=8).total_pages == 4 * 64 // 8
+    assert EngineConfig(**ENGINE).kv_tokens == 4 * 64 == EngineConfig(**ENGINE, page_size=8).kv_tokens
+    assert EngineConfig(**ENGINE, page_size=8, kv_pages=10).kv_tokens == 80
 
 
 @pytest.mark.parametrize("k, page_size, kv_pages", [(1, 8, None), (3, 8, None), (8, 8, None), (4, 16, 4)])
