@@ -251,7 +251,8 @@ class PagedEngineCore(EngineCore):
         """Compile every prefill bucket, the page copy and every decode length now. Idle engine
         only (writes go to no page: all pages stay untouched)."""
         if self.active_slots or self._resume:
-            raise ValueError(f"warmup: needs an idle engine, {self.active_slots + len(self._resume)} samples are active")
+            busy = self.active_slots + len(self._resume)
+            raise ValueError(f"warmup: needs an idle engine, {busy} samples are active")
         dropped = np.int32(self.config.total_pages)
         for bucket in self.config.buckets():
             zeros = np.zeros((1, bucket), np.int32)

@@ -3,7 +3,6 @@ lengths, aborts, weight swaps, several steps per call, preemption and tensor-par
 pages never leak."""
 
 import jax
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -12,7 +11,7 @@ from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_out
 from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore, make_core
 from jaxrl_async.engines.jax.paged import PagedEngineCore
 from jaxrl_async.models.config import ModelConfig
-from tests.helpers.engines import assert_same_samples, mesh_of, params_of
+from tests.helpers.engines import mesh_of, params_of
 from tests.jaxrl_async.engines.jax.test_core import (assert_identical, compiles_since, greedy,
                                                      greedy_reference, mixed_requests, peaked_model,
                                                      pieces_of, run)
