@@ -138,7 +138,7 @@ class StallHost(Protocol):
     def groups_in_flight(self) -> int: ...
     async def save_if_idle(self) -> None: ...  # a checkpoint, unless a step is training
     def regenerate_stalled(self, uid: int) -> None: ...  # count it, the fault path
-    async def after_faults(self) -> None: ...  # send the engine calls, admit and select again
+    async def after_event(self) -> None: ...  # send the engine calls, admit and select again
 
 
 async def watch_stalls(watch: StallWatch, host: StallHost) -> None:
@@ -160,4 +160,4 @@ async def watch_stalls(watch: StallWatch, host: StallHost) -> None:
                             "regenerating it through the fault path", stall.uid, stall.request_id,
                             stall.idle_s, " (the engine streamed nothing either)" if stall_round.quiet else "")
                 host.regenerate_stalled(stall.uid)
-            await host.after_faults()
+            await host.after_event()
