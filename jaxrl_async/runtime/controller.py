@@ -39,6 +39,7 @@ The side jobs have modules of their own; this one keeps the order of calls:
   sends stalled groups through the same fault path and ends a hung engine's run.
 - runtime/evaluation.py: held-out evaluation (`eval.every`): when, and the figures.
 - runtime/progress.py: the ETA (which leaves the first step's compile out).
+- runtime/supervisor.py: the run's asyncio tasks, whose first failure ends the run.
 
 Stopping: `request_stop()` (SIGTERM, SIGINT) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
@@ -69,12 +70,13 @@ from jaxrl_async.runtime.progress import Eta
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
 from jaxrl_async.runtime.scoring import RewardErrorLog, score_group
 from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup, from_json, to_json
+from jaxrl_async.runtime.supervisor import TaskSupervisor
+from jaxrl_async.runtime.tracing import RunTracer
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import Held, apply_decision
 from planner.ledger import LEDGER_FILE, LedgerWriter
-from jaxrl_async.runtime.tracing import RunTracer
 from planner.run_trace import TRACE_FILE, TraceWriter
 from planner.types import Admission, Candidate, Decision, Drop, Move
 
@@ -147,9 +149,7 @@ class Controller:
         self._training = False  # a step is training or publishing
         self._ask = True  # something changed since the last select_batch
         self._stop = False
-        self._done: asyncio.Event | None = None
-        self._error: BaseException | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: TaskSupervisor | None = None  # the run's tasks (runtime/supervisor.py), from `run` on
         # Train steps get a thread of their own: slow user reward functions fill the default pool.
         self._train_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train-step")
         self._t0 = 0.0
@@ -201,17 +201,17 @@ class Controller:
     def request_stop(self) -> None:
         """Checkpoint and end the run at the next step boundary (SIGTERM handler)."""
         self._stop = True
-        if self._done is not None:
-            self._spawn(self._stop_if_idle)
+        if self._tasks is not None:
+            self._tasks.spawn(self._stop_if_idle)
 
     def on_requests_lost(self, request_ids: list[str]) -> None:
         """The engine lost these requests (their worker died): regenerate their groups (the
         engine's `on_lost` callback; runs on the event loop, the work is a task under the lock)."""
-        self._spawn(self._regenerate_lost, list(request_ids))
+        self._tasks.spawn(self._regenerate_lost, list(request_ids))
 
     async def run(self) -> RunResult:
         self._t0 = time.monotonic()
-        self._done = asyncio.Event()
+        self._tasks = TaskSupervisor()
         self._busy_at_start = (self.stats.trainer_busy_s, self.stats.generator_busy_s)
         self._step_wait_since = self.now()
         self._last_record = (self.now(), self.stats.tokens_generated)
@@ -221,18 +221,14 @@ class Controller:
         try:
             if self.version:
                 await self._push(self.version)
-            self._spawn(self._read_outputs)
+            self._tasks.spawn(self._read_outputs)
             if self._watch.enabled:
-                self._spawn(watch_stalls, self._watch, self)
-            self._spawn(self._begin)
-            await self._done.wait()
-            if self._error is not None:
-                raise self._error
+                self._tasks.spawn(watch_stalls, self._watch, self)
+            self._tasks.spawn(self._begin)
+            await self._tasks.wait()
             return await self._result()
         finally:
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._tasks.cancel_all()
             await self.engine.stop()
             self._train_thread.shutdown(wait=True)
             self.ledger.flush()
@@ -273,7 +269,7 @@ class Controller:
 
     # The StallHost hooks (runtime/liveness.py watch_stalls), called under the lock.
     def ended(self) -> bool:
-        return self._stop or self._done.is_set()
+        return self._stop or self._tasks.done.is_set()
 
     def generating(self) -> list[tuple[int, str, bool]]:
         return [(uid, g.rollout.request_id, g.rollout.started) for uid, g in self.groups.items()
@@ -309,24 +305,6 @@ class Controller:
     async def _engine_busy_s(self) -> float:
         """Seconds the engine spent generating in this segment (its busy fraction since its start)."""
         return (await self.engine.stats()).busy_fraction * (time.monotonic() - self._engine_t0)
-
-    # ================================================================== tasks
-    def _spawn(self, fn, *args) -> None:
-        """Run `fn(*args)` as a task whose failure ends the run (the coroutine is made inside the
-        task, so a task cancelled before it starts leaves no never-awaited coroutine behind)."""
-        task = asyncio.get_running_loop().create_task(self._guard(fn, *args))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _guard(self, fn, *args) -> None:
-        try:
-            await fn(*args)
-        except asyncio.CancelledError:
-            raise
-        except BaseException as error:  # noqa: BLE001 - any failure ends the run, re-raised by run()
-            if self._error is None:
-                self._error = error
-            self._done.set()
 
     # ================================================================== decisions
     def _apply(self, d: Decision, call: str) -> None:
@@ -368,7 +346,7 @@ class Controller:
         self.groups[a.uid] = LiveGroup(prompt, rollout)
         self.ledger.admit(a)
         self._tracer.event("admit", uid=a.uid, attempt=attempt, prompt_id=prompt.prompt_id,
-                    prompt_tokens=len(prompt.prompt_ids), version=a.version)
+                           prompt_tokens=len(prompt.prompt_ids), version=a.version)
         sampling = SamplingParams(
             max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
             stop_token_ids=self.stop_token_ids, n=n, seed=sampling_seed(self.cfg.seed, a.uid, attempt))
@@ -397,7 +375,7 @@ class Controller:
 
     async def _settle(self) -> None:
         """Admit and (while the trainer waits) select until the policy changes nothing more."""
-        if self._stop or self._done.is_set():
+        if self.ended():
             return
         while True:
             self._refill_window()
@@ -429,7 +407,7 @@ class Controller:
                     self._watch.piece(None, self.now())
                     finished = self._evals.add(piece)
                     if finished is not None:
-                        self._spawn(self._finish_eval, finished)
+                        self._tasks.spawn(self._finish_eval, finished)
                     continue
                 event = self._collector.add(piece)
                 self._watch.piece(piece.request_id if event is not None else None, self.now())
@@ -447,7 +425,7 @@ class Controller:
                     self._tracer.event("finish", uid=group.uid, attempt=group.attempt,
                                 lengths=[len(s.token_ids) for s in group.samples])
                     self.groups[group.uid].phase = SCORING
-                    self._spawn(self._score, self.groups[group.uid])
+                    self._tasks.spawn(self._score, self.groups[group.uid])
                 else:
                     for version, count in event.new_tokens:
                         self._apply(self.policy.on_tokens(uid=group.uid, version=version, tokens=count, now=now),
@@ -478,7 +456,7 @@ class Controller:
         self.ledger.train(step, [(g.uid, g.token_versions()) for g in groups])
         self._tracer.handed_over()
         self._training = True
-        self._spawn(self._train, step, groups)
+        self._tasks.spawn(self._train, step, groups)
 
     async def _train(self, step: int, groups: list[GroupRollout]) -> None:
         wait_s = self.now() - self._step_wait_since
@@ -532,7 +510,7 @@ class Controller:
                     self._apply(self.policy.finish(now=self.now()), "finish")
                 await self._outbox.flush()
                 await self.save_checkpoint()
-                self._done.set()
+                self._tasks.finish()
                 return
             if self.checkpointer is not None and self.checkpointer.due(self.step):
                 await self.save_checkpoint()
@@ -563,9 +541,9 @@ class Controller:
     async def _stop_if_idle(self) -> None:
         """A stop while the trainer waits for a batch: checkpoint now (a running step saves at its end)."""
         async with self.lock:
-            if not self._training and not self._done.is_set():
+            if not self._training and not self._tasks.done.is_set():
                 await self.save_checkpoint()
-                self._done.set()
+                self._tasks.finish()
 
     async def _record(self, step: int, groups: list[GroupRollout], hist: dict[int, int],
                       metrics: dict[str, float], timing: StepTiming) -> None:
