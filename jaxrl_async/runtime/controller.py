@@ -138,7 +138,7 @@ class Controller:
         self.step = 0  # the next step to train (= steps done)
         self._watch = StallWatch(cfg.rollout)
         # Engine calls of the decision being applied, and requests held at their start barrier.
-        self._outbox = EngineOutbox(engine, on_submitted=lambda request_id: self._watch.submitted(request_id, self.now()))
+        self._outbox = EngineOutbox(engine, on_submitted=lambda rid: self._watch.submitted(rid, self.now()))
         self.next_uid = 0
         self.window: list[tuple[Candidate, Prompt]] = []  # stream order
         self.groups: dict[int, LiveGroup] = {}

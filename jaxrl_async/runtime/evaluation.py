@@ -30,14 +30,15 @@ from jaxrl_async.eval import EvalResult, score_all, summarize
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 
-log = logging.getLogger(__name__)
-
 EVAL_PREFIX = "eval."
 EVAL_PRIORITY = 1e30  # after every rollout: lower priorities are admitted first
 
 
 def is_eval_request(request_id: str) -> bool:
     return request_id.startswith(EVAL_PREFIX)
+
+
+log = logging.getLogger(__name__)
 
 
 class EvalScheduler:

@@ -17,7 +17,8 @@ class Clock:
 
 
 def group(prompt_tokens: int, lengths: list[int]):
-    return SimpleNamespace(prompt_ids=[1] * prompt_tokens, samples=[SimpleNamespace(token_ids=[7] * n) for n in lengths])
+    samples = [SimpleNamespace(token_ids=[7] * n) for n in lengths]
+    return SimpleNamespace(prompt_ids=[1] * prompt_tokens, samples=samples)
 
 
 def tracer(tmp_path):
