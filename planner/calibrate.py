@@ -302,8 +302,9 @@ def report(cal: dict[str, Any]) -> str:
         f"colocation: slowdown {w['colocated_slowdown']:.4g} during trainer steps "
         + (f"({c['lines_in_steps']} lines in steps, {c['lines_outside']} outside)" if c["fitted"] else
            f"(not fitted: {'no iterations on both sides of the steps' if c['colocated'] else 'engine on its own devices'})"),
-        f"warm-up: compile {w['compile_s']:.4g} s per worker before decoding ({f['compile']['decode_lines']} compiling "
-        f"lines), {t['compile_s']:.4g} s more on the first step ({f['compile']['trainer_steps']} steps left out)",
+        f"warm-up: compile {w['compile_s']:.4g} s per worker before decoding (compiling lines: "
+        f"{f['compile']['decode_lines']}), {t['compile_s']:.4g} s more on the first step (steps left out: "
+        f"{f['compile']['trainer_steps']})",
     ])
 
 

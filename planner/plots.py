@@ -168,29 +168,43 @@ def run_plots(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pa
     return paths
 
 
-def throughput_vs_eta(rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> None:
-    """rows: workload-filtered compare rows with policy, eta, steps_per_hour, unbounded_ceiling,
-    no_drop_bound and groups_dropped. A run that dropped groups is a hollow marker labelled with
-    its drop count (its steps/h is not a no-drop figure); the no-drop bound is drawn capped at the
-    ceiling (results.csv keeps the bound itself: above the ceiling it binds nothing)."""
-    fig, ax = plt.subplots(figsize=(6, 4))
+def eta_series(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """What `throughput_vs_eta` draws, from workload-filtered compare rows (policy, eta,
+    steps_per_hour, unbounded_ceiling, no_drop_bound, groups_dropped): per policy its
+    (η, steps/h, groups dropped) points by η; the no-drop bound by η, capped at the ceiling
+    (results.csv keeps the bound itself: above the ceiling it binds nothing); the ceiling."""
     ceiling = rows[0]["unbounded_ceiling"]
-    for policy in sorted({r["policy"] for r in rows}):
-        mine = sorted((r for r in rows if r["policy"] == policy), key=lambda r: r["eta"])
-        (line,) = ax.plot([r["eta"] for r in mine], [r["steps_per_hour"] for r in mine], marker="o", label=policy)
-        for r in mine:
-            if r["groups_dropped"]:
-                ax.plot(r["eta"], r["steps_per_hour"], "o", mfc="white", mec=line.get_color(), ms=8)
-                ax.annotate(f"{r['groups_dropped']} dropped", (r["eta"], r["steps_per_hour"]), fontsize=6,
-                            xytext=(4, 4), textcoords="offset points", color=line.get_color())
-    etas = sorted({r["eta"] for r in rows})
     bound = {r["eta"]: r["no_drop_bound"] for r in rows}
-    ax.plot(etas, [min(bound[e], ceiling) for e in etas], "k:", label="no-drop upper bound (≤ ceiling)")
-    ax.axhline(ceiling, color="gray", ls="--", label="unbounded (async ceiling)")
+    return {
+        "policies": {p: sorted((r["eta"], r["steps_per_hour"], r["groups_dropped"]) for r in rows if r["policy"] == p)
+                     for p in sorted({r["policy"] for r in rows})},
+        "bound": [(e, min(bound[e], ceiling)) for e in sorted(bound)],
+        "ceiling": ceiling,
+    }
+
+
+def throughput_vs_eta(rows: Sequence[Mapping[str, Any]], path: str | Path, title: str = "") -> None:
+    """Steps/h against η per policy (`eta_series`), the no-drop bound and the unbounded ceiling. A
+    run that dropped groups is a hollow marker labelled with its drop count: its steps/h is not a
+    no-drop figure."""
+    series = eta_series(rows)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    any_drops = False
+    for policy, points in series["policies"].items():
+        (line,) = ax.plot([e for e, _, _ in points], [v for _, v, _ in points], marker="o", label=policy)
+        for eta, value, dropped in points:
+            if dropped:
+                any_drops = True
+                ax.plot(eta, value, "o", mfc="white", mec=line.get_color(), ms=8)
+                ax.annotate(f"{dropped} dropped", (eta, value), fontsize=6, xytext=(4, 4), textcoords="offset points",
+                            color=line.get_color())
+    ax.plot([e for e, _ in series["bound"]], [b for _, b in series["bound"]], "k:",
+            label="no-drop upper bound (≤ ceiling)")
+    ax.axhline(series["ceiling"], color="gray", ls="--", label="unbounded (async ceiling)")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("η (max staleness)")
     ax.set_ylabel("steps per hour")
-    ax.set_title(title + (" (hollow: dropped groups)" if any(r["groups_dropped"] for r in rows) else ""))
+    ax.set_title(title + (" (hollow: groups dropped)" if any_drops else ""))
     ax.legend(fontsize=7)
     _save(fig, path)
 
@@ -212,11 +226,12 @@ def staleness_histograms(summaries: Mapping[str, Mapping[str, Any]], path: str |
     _save(fig, path)
 
 
-def schedule_gantt(ledger_path: str | Path, path: str | Path, *, start: int, steps: int) -> None:
+def schedule_gantt(ledger_path: str | Path, path: str | Path, *, start: int, steps: int) -> dict[int, dict[str, Any]]:
     """The planner's schedule from the ledger, for the groups first admitted at versions
     [start, start + steps) (rows, admission order): each group's window [admission version,
     deadline] as a bar, each planned step it was moved to as a dot, reassignments as arrows, the
-    step that trained it as a cross, a drop as a red triangle at the step it happened."""
+    step that trained it as a cross, a drop as a red triangle at the step it happened. Returns the
+    rows drawn: uid -> admission version `a`, deadline `d`, `moves`, `trained` and `dropped` steps."""
     rows: dict[int, dict[str, Any]] = {}
     for ev in read_ledger(ledger_path):
         kind, uid = ev["event"], ev.get("uid")
@@ -251,6 +266,7 @@ def schedule_gantt(ledger_path: str | Path, path: str | Path, *, start: int, ste
     ax.set_title(f"schedule, groups admitted at versions {start}–{start + steps - 1}: window (bar), planned step "
                  f"moves (→), trained (x)" + (f", dropped (▼, {dropped})" if dropped else ""), fontsize=9)
     _save(fig, path)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
