@@ -8,7 +8,7 @@ import pytest
 
 from planner.audit import audit
 from planner.driver import SUMMARY_KEYS
-from planner.simulate import SimulateConfig
+from planner.simulate import SimulateConfig, calibration_mismatch
 from tests.helpers import REPO
 
 
@@ -32,8 +32,10 @@ def test_simulate_writes_the_contract_files_into_the_run_dir(tmp_path, conf):
     p = cli("planner.simulate", "policy=nemo_in_order", "max_staleness=1", "batch_groups=4", "group_size=4",
             "steps=10", "seed=3", "sim=uneven", f"hydra.run.dir={run}", conf=conf)
     assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == f"wrote {run}"  # where it wrote, last
     summary = json.loads((run / "summary.json").read_text())
     assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
+    assert 0 < summary["steps_per_hour_steady"] and "in the steady state" in p.stdout
     assert summary["policy"] == "nemo_in_order" and summary["steps"] == 10 and summary["max_staleness"] == 1
     assert audit(run).ok
     for name in ("ledger.jsonl", "metrics.jsonl", "staleness_hist.png", "utilisation.png"):
@@ -109,3 +111,15 @@ def test_compare_writes_table_csv_and_plots_in_one_command(tmp_path, conf):
     for wl in ("lognormal", "bimodal"):
         for f in ("throughput_vs_eta", "staleness_eta1", "nemo_in_order_utilisation_eta1", "nemo_in_order_gantt_eta1"):
             assert (out / f"{wl}_{f}.png").stat().st_size > 0
+
+
+def test_a_calibration_fitted_to_another_run_says_which_keys_differ_and_how_to_replay(tmp_path):
+    path = tmp_path / "calibration.yaml"
+    path.write_text("sim: {}\nrun: {policy: nemo_in_order, max_staleness: 1, batch_groups: 4, group_size: 2, "
+                    "steps: 3, replay: python -m planner.simulate X}\n")
+    same = SimulateConfig.from_mapping(base_config(max_staleness=1))
+    assert calibration_mismatch(str(path), same) is None
+    other = SimulateConfig.from_mapping(base_config(max_staleness=2, steps=7))
+    warning = calibration_mismatch(str(path), other)
+    assert "max_staleness=2 (the run's 1), steps=7 (the run's 3)" in warning and "batch_groups" not in warning
+    assert warning.endswith("to replay the run: python -m planner.simulate X") and "\n" not in warning
