@@ -272,9 +272,10 @@ def _arg(value: Any) -> str:
 def replay_command(run_dir: Path, cal: dict[str, Any], calibration: Path | None = None) -> str:
     """The `planner.simulate` command that replays the run: its calibration, its groups, its own
     policy, η, B, n and steps (the engine's slots come with the calibration's
-    `sim.workers.max_concurrency`), into `RUN_DIR/replay`."""
+    `sim.workers.max_concurrency`), into `RUN_DIR/replay`. Paths are absolute: it runs anywhere."""
     r = cal["run"]
-    calibration = calibration or run_dir / CALIBRATION_FILE
+    run_dir = run_dir.absolute()
+    calibration = (calibration or run_dir / CALIBRATION_FILE).absolute()
     args = [f"calibration={calibration}", "workload=trace", f"workload.path={run_dir / TRACE_FILE}",
             f"policy={r['policy']}", *(f"policy.{k}={_arg(v)}" for k, v in r["policy_params"].items()),
             f"max_staleness={_arg(r['max_staleness'])}", f"batch_groups={r['batch_groups']}",

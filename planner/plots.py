@@ -28,12 +28,12 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from planner.driver import METRICS_FILE, STEADY_AFTER, SUMMARY_FILE  # noqa: E402
-from planner.ledger import LEDGER_FILE, read_ledger  # noqa: E402
+from planner.calibrate import OUTLIER  # noqa: E402
+from planner.ledger import read_ledger  # noqa: E402
 from planner.run_trace import TRACE_FILE, read_run_trace  # noqa: E402
 from planner.sim.metrics import read_steps  # noqa: E402
 
-COMPILE_FACTOR = 3.0  # a warm-up step this many times the median step compiled (as planner.calibrate's OUTLIER)
-ActiveSeries = list[tuple[list[float], list[int]]]  # per worker: (times, active sequences from then on)
+ActiveSeries = list[tuple[list[float], list[float]]]  # per worker: (times, active sequences from then on)
 
 
 def _save(fig: Any, path: str | Path) -> None:
@@ -57,14 +57,15 @@ def staleness_histogram(summary: Mapping[str, Any], path: str | Path) -> None:
 
 
 def compiling_steps(steps: Sequence[Mapping[str, Any]]) -> set[int]:
-    """The warm-up steps (the first `driver.STEADY_AFTER`) that took more than `COMPILE_FACTOR`×
-    the median step: a real trainer compiles its update there (and a calibrated replay models it,
-    `sim.trainer.compile_s`); later long steps are the workload's, not a compile."""
+    """The warm-up steps (the first `driver.STEADY_AFTER`) that took more than `calibrate.OUTLIER`×
+    the median step (the rule by which calibrate leaves a step out as compiling): a real trainer
+    compiles its update there (and a calibrated replay models it, `sim.trainer.compile_s`); later
+    long steps are the workload's, not a compile."""
     durations = sorted(r["end_s"] - r["start_s"] for r in steps)
     if len(durations) <= STEADY_AFTER:
         return set()
     median = durations[len(durations) // 2]
-    return {r["step"] for r in steps[:STEADY_AFTER] if r["end_s"] - r["start_s"] > COMPILE_FACTOR * median}
+    return {r["step"] for r in steps[:STEADY_AFTER] if r["end_s"] - r["start_s"] > OUTLIER * median}
 
 
 def trace_active(trace_path: str | Path) -> ActiveSeries:
