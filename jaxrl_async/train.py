@@ -167,7 +167,7 @@ class TrainJob:
         from jaxrl_async.tasks import build_task
         from jaxrl_async.trainer.trainer import Trainer
         from planner.ledger import LEDGER_FILE
-        from planner.run_trace import TRACE_FILE
+        from planner.tools.run_trace import TRACE_FILE
 
         run = setup.run
         resuming = bool(run.resume)
@@ -238,7 +238,7 @@ class TrainJob:
         from jaxrl_async.runtime.progress import ProgressDisplay
         from planner.ledger import LEDGER_FILE, LedgerWriter
         from planner.registry import make_policy
-        from planner.run_trace import TRACE_FILE, TraceWriter
+        from planner.tools.run_trace import TRACE_FILE, TraceWriter
         from planner.sim.recorder import EventRecorder
         from planner.types import PlanContext
 
@@ -337,7 +337,7 @@ class TrainJob:
 
     def _lead(self) -> dict[str, Any]:
         from jaxrl_async.runtime.metrics import SUMMARY_FILE, summary, write_json
-        from planner.audit import audit, audited_bound
+        from planner.tools.audit import audit, audited_bound
 
         try:
             result = asyncio.run(self._run())

@@ -75,7 +75,7 @@ from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import Held, apply_decision
 from planner.ledger import LEDGER_FILE, LedgerWriter
-from planner.run_trace import TRACE_FILE, TraceWriter, during_steps
+from planner.tools.run_trace import TRACE_FILE, TraceWriter, during_steps
 from planner.types import Admission, Candidate, Decision, Drop, Move
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"

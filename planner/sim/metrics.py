@@ -23,7 +23,7 @@ from typing import Any
 
 from planner import driver
 from planner.driver import METRICS_FILE, SUMMARY_FILE
-from planner.length_bias import length_bias
+from planner.tools.length_bias import length_bias
 
 
 class RunMetrics:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.run_trace import finished_groups, is_run_trace_line, read_run_trace
+from planner.tools.run_trace import finished_groups, is_run_trace_line, read_run_trace
 
 # Far above any context window, and small enough that a group's or a batch's token sums stay
 # exact in the simulator's int64 arrays (a length of 10^20 does not fit one at all).

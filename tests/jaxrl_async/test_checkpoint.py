@@ -16,7 +16,7 @@ from jaxrl_async.models.loading import load_model
 from jaxrl_async.trainer.batch import pad_batch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.trainer import Trainer
-from planner.audit import audit
+from planner.tools.audit import audit
 from planner.configs import build
 from tests.helpers.engines import WithholdingEngine
 from tests.helpers.filesystems import small_filesystem

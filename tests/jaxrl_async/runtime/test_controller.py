@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pytest
 
-from planner.audit import audit
+from planner.tools.audit import audit
 from planner.registry import make_policy
 from planner.sim.recorder import EventRecorder, first_divergence
 from planner.types import PlanContext

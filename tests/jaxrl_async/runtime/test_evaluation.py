@@ -6,7 +6,7 @@ import pytest
 from jaxrl_async.engines.base import SampleOutput
 from jaxrl_async.runtime.evaluation import EngineEval, is_eval_request
 from jaxrl_async.tasks.base import Prompt
-from planner.audit import audit
+from planner.tools.audit import audit
 from planner.ledger import LEDGER_FILE, read_ledger
 from tests.helpers.train_runs import make_job, read_jsonl
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.audit import audit
+from planner.tools.audit import audit
 from planner.policies.lookahead import Lookahead, LookaheadParams
 from planner.types import Candidate, PlanContext, Status
 from tests.helpers.adversarial import AdversarialDriver

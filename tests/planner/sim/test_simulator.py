@@ -7,7 +7,7 @@ import pytest
 
 import planner.policies  # noqa: F401  (registers the baselines)
 import planner.policies.lookahead  # noqa: F401
-from planner.audit import audit
+from planner.tools.audit import audit
 from planner.configs import build
 from planner.ledger import LedgerWriter, read_ledger
 from planner.registry import make_policy

@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from planner.audit import audit, main
+from planner.tools.audit import audit, main
 from planner.ledger import LedgerError, LedgerWriter
-from planner.length_bias import ks_statistic, length_bias
+from planner.tools.length_bias import ks_statistic, length_bias
 from planner.types import Admission, Drop, Move
 
 # ---------------------------------------------------------------- raw ledger lines

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import yaml
 
-from planner.calibrate import calibrate, main, nnls
+from planner.tools.calibrate import calibrate, main, nnls
 from planner.configs import build
-from planner.run_trace import TraceWriter
+from planner.tools.run_trace import TraceWriter
 from planner.sim import SimConfig
-from planner.simulate import SimulateConfig, sim_overrides
+from planner.tools.simulate import SimulateConfig, sim_overrides
 
 ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01, 0.003
 SPEEDS = (1.0, 0.5)

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from planner.audit import audit
+from planner.tools.audit import audit
 from planner.driver import SUMMARY_KEYS
-from planner.simulate import SimulateConfig
+from planner.tools.simulate import SimulateConfig
 from tests.helpers import REPO
 
 

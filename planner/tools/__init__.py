@@ -1,0 +1,1 @@
+"""The planner's commands and analyses: simulate, compare, tune, calibrate, audit, plots, fidelity."""
