@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.driver import METRICS_FILE, SUMMARY_FILE
+from planner.run_files import METRICS_FILE, SUMMARY_FILE
 from planner.ledger import LEDGER_FILE, LedgerError, read_ledger
 from planner.tools.length_bias import length_bias
 

@@ -1,6 +1,6 @@
 """Plots of a run or a comparison, from the files a run writes (`summary.json`, `metrics.jsonl`,
 `ledger.jsonl`), so the same functions serve simulated and real runs: both
-drivers write those files with `planner.driver`'s keys.
+drivers write those files with `planner.run_files`' keys.
 
 Each function draws one figure into one file; matplotlib runs headless (Agg). `run_plots` draws a
 run directory's two plots.
@@ -18,7 +18,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from planner.driver import METRICS_FILE, SUMMARY_FILE  # noqa: E402
+from planner.run_files import METRICS_FILE, SUMMARY_FILE  # noqa: E402
 from planner.ledger import read_ledger  # noqa: E402
 from planner.sim.metrics import read_steps  # noqa: E402
 

@@ -1,13 +1,7 @@
-"""planner.driver: how every driver applies a Decision, keeps token versions and writes its run files."""
-
-import subprocess
-import sys
+"""planner.driver: how every driver applies a Decision."""
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from planner import driver
 from planner.driver import DecisionHost, Held, apply_decision
 from planner.sim.simulator import Simulator
 from planner.types import Admission, Decision, Drop, Move
@@ -112,66 +106,3 @@ def test_a_batch_must_name_distinct_done_groups(batch, message):
 @pytest.mark.parametrize("cls", [Simulator, AdversarialDriver, ScriptedDriver])
 def test_every_planner_driver_is_a_decision_host(cls):
     assert issubclass(cls, DecisionHost)
-
-
-# ---------------------------------------------------------------------------- version runs
-def test_append_merges_a_run_on_the_same_version_and_starts_one_on_another():
-    runs: driver.VersionRuns = []
-    for version, tokens in [(0, 2), (0, 3), (1, 1), (0, 1), (0, 4)]:
-        driver.append_run(runs, version, tokens)
-    assert runs == [[0, 5], [1, 1], [0, 5]]
-
-
-def test_joined_pieces_merge_at_the_seam_and_never_alias_the_pieces():
-    pieces = [[[0, 2]], [[0, 1], [1, 3]], [], [[1, 2], [2, 1]]]
-    runs = driver.join_runs(pieces)
-    assert runs == [[0, 3], [1, 5], [2, 1]]
-    runs[0][1] = 99
-    assert pieces[0] == [[0, 2]]
-
-
-@given(st.lists(st.integers(0, 4), max_size=60))
-def test_encoding_per_token_versions_round_trips_with_no_adjacent_equal_runs(versions):
-    runs = driver.encode_runs(versions)
-    assert driver.decode_runs(runs) == versions
-    assert all(a[0] != b[0] for a, b in zip(runs, runs[1:])) and all(t > 0 for _, t in runs)
-    assert driver.join_runs([driver.encode_runs(versions[:7]), driver.encode_runs(versions[7:])]) == runs
-
-
-def test_tokens_by_version_sum_over_samples_oldest_first_and_staleness_counts_tokens():
-    versions = driver.tokens_by_version([[[2, 3], [3, 1]], [[1, 2]], [[3, 4]]])
-    assert versions == [(1, 2), (2, 3), (3, 5)]
-    hist: dict[int, int] = {}
-    driver.add_staleness(hist, 3, versions)
-    assert hist == {2: 2, 1: 3, 0: 5}
-    assert driver.staleness_max(hist) == 2 and driver.staleness_mean(hist) == pytest.approx((4 + 3) / 10)
-    assert driver.hist_json(hist) == {"0": 5, "1": 3, "2": 2}
-    assert driver.staleness_max({}) == 0 and driver.staleness_mean({}) == 0.0
-
-
-# ---------------------------------------------------------------------------- run files
-def test_a_summary_has_the_design_keys_first_then_the_drivers_extensions():
-    s = driver.summary(policy="p", max_staleness=1, staleness_bound=1, steps=4, groups_admitted=9, groups_trained=8, groups_dropped=1,
-                       tokens_wasted=5, staleness={0: 10, 1: 30}, elapsed_s=2.0, trainer_busy_s=1.0,
-                       generator_busy_s=3.0, extensions={"seed": 0})
-    assert list(s) == [*driver.SUMMARY_KEYS, "seed"]
-    assert s["tokens_trained"] == 40 and s["max_token_staleness"] == 1 and s["mean_token_staleness"] == 0.75
-    assert s["generator_busy_fraction"] == 1.0 and s["trainer_busy_fraction"] == 0.5 and s["steps_per_hour"] == 7200
-
-
-def test_a_step_record_has_the_common_keys_first_and_tokens_per_s_over_the_whole_cycle():
-    r = driver.step_record(step=2, reward_mean=None, loss=None, batch={1: 30, 0: 10}, cycle_s=4.0, wait_s=1.0,
-                           start_s=7.0, end_s=8.0, elapsed_s=8.0, trainer_busy_s=4.0, generator_busy_s=6.0,
-                           gen_active=(3, -1), kv_usage=0.5, staleness={0: 50, 1: 30}, extensions={"tokens": 40})
-    assert list(r) == [*driver.STEP_KEYS, "tokens"]
-    assert r["tokens_per_s"] == 10.0 and r["tokens_trained"] == 40 and r["version"] == 3
-    assert r["max_staleness_in_batch"] == 1 and r["mean_staleness_in_batch"] == 0.75
-    assert r["trainer_busy"] == 0.5 and r["gen_active"] == [3, -1] and r["staleness_hist"] == {"0": 50, "1": 30}
-
-
-def test_the_driver_module_imports_neither_jax_nor_asyncio_nor_the_runtime():
-    """The engines import it for the version runs; the planner stays pure."""
-    code = ("import sys, planner.driver; "
-            "print(sorted(m for m in ('jax', 'asyncio', 'jaxrl_async', 'numpy') if m in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "[]"

@@ -5,7 +5,7 @@ import json
 import pytest
 
 import planner.policies.lookahead  # noqa: F401  (registers lookahead)
-from planner.driver import STEP_KEYS, SUMMARY_KEYS
+from planner.run_files import STEP_KEYS, SUMMARY_KEYS
 from planner.ledger import LedgerWriter
 from planner.tools.plots import run_plots
 from planner.registry import make_policy

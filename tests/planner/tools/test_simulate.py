@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from planner.tools.audit import audit
-from planner.driver import SUMMARY_KEYS
+from planner.run_files import SUMMARY_KEYS
 from planner.tools.simulate import SimulateConfig
 from tests.helpers import REPO
 
