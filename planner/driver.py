@@ -5,7 +5,7 @@ A *driver* advances time and feeds a policy (`planner.base.Policy`) its events: 
 (`tests/helpers/scripted.py`, `tests/helpers/adversarial.py`). What they must do alike lives here,
 once, so they cannot drift apart.
 
-A driver implements `DecisionHost` — one query, `held` (what it holds of a uid), and four
+A driver implements `DecisionHost` — one query, `held` (the `GroupState` of a uid), and four
 synchronous hooks — and hands every `Decision` to `apply_decision`, which checks it and calls the
 hooks in the documented order:
 
@@ -28,32 +28,24 @@ with your own extensions after the common keys.
 
 from __future__ import annotations
 
-import enum
 from typing import Protocol, runtime_checkable
 
-from planner.types import Admission, Decision, Drop, Move
+from planner.types import Admission, Decision, Drop, GroupState, Move
 
 
-class Held(enum.Enum):
-    """What a driver holds of a uid; `apply_decision`'s checks read nothing else."""
-
-    NOTHING = "unknown"  # never offered, or already trained or dropped
-    CANDIDATE = "a candidate"  # offered to `admit`, not admitted
-    GENERATING = "generating"  # admitted and not done: queued, running, or being scored
-    LOST = "lost"  # its worker died; it waits for a re-admission or a drop
-    DONE = "done"  # generated (and scored): may be trained
-
-
-UNTRAINED = frozenset({Held.GENERATING, Held.LOST, Held.DONE})  # what a drop may name
-ADMISSIBLE = frozenset({Held.CANDIDATE, Held.LOST})  # what an admission may name
-TRAINABLE = frozenset({Held.DONE})  # what a batch may name
+# What a driver holds of a uid, as `apply_decision`'s checks read it (None: nothing, never offered
+# or already trained or dropped; a driver reports an in-flight group as QUEUED or RUNNING).
+UNTRAINED = frozenset({GroupState.QUEUED, GroupState.RUNNING, GroupState.LOST, GroupState.DONE})  # what a drop may name
+ADMISSIBLE = frozenset({GroupState.CANDIDATE, GroupState.LOST})  # what an admission may name
+TRAINABLE = frozenset({GroupState.DONE})  # what a batch may name
+_SAID = {None: "unknown", GroupState.CANDIDATE: "a candidate", GroupState.RUNNING: "generating"}  # error words
 
 
 @runtime_checkable
 class DecisionHost(Protocol):
     """What a driver implements so that `apply_decision` can apply a policy's decisions."""
 
-    def held(self, uid: int) -> Held: ...
+    def held(self, uid: int) -> GroupState | None: ...
 
     def record_moves(self, moves: list[Move]) -> None: ...
 
@@ -93,7 +85,7 @@ def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -
         host.admit_group(a)
 
 
-def _require(host: DecisionHost, uid: int, allowed: frozenset[Held], what: str, rule: str) -> None:
+def _require(host: DecisionHost, uid: int, allowed: frozenset[GroupState], what: str, rule: str) -> None:
     state = host.held(uid)
     if state not in allowed:
-        raise ValueError(f"{what}: it is {state.value}, {rule}")
+        raise ValueError(f"{what}: it is {_SAID.get(state) or state.name.lower()}, {rule}")

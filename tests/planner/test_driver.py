@@ -2,9 +2,9 @@
 
 import pytest
 
-from planner.driver import DecisionHost, Held, apply_decision
+from planner.driver import DecisionHost, apply_decision
 from planner.sim.simulator import Simulator
-from planner.types import Admission, Decision, Drop, Move
+from planner.types import Admission, Decision, Drop, GroupState, Move
 from tests.helpers.adversarial import AdversarialDriver
 from tests.helpers.scripted import ScriptedDriver
 
@@ -12,12 +12,12 @@ from tests.helpers.scripted import ScriptedDriver
 class Host:
     """A hand-made host: uids in named states, and a log of the hooks called."""
 
-    def __init__(self, **states: Held) -> None:
-        self.states = {int(uid[1:]): held for uid, held in states.items()}  # u3=Held.DONE -> uid 3
+    def __init__(self, **states: GroupState | None) -> None:
+        self.states = {int(uid[1:]): held for uid, held in states.items()}  # u3=GroupState.DONE -> uid 3
         self.log: list[tuple] = []
 
-    def held(self, uid: int) -> Held:
-        return self.states.get(uid, Held.NOTHING)
+    def held(self, uid: int) -> GroupState | None:
+        return self.states.get(uid)
 
     def record_moves(self, moves: list[Move]) -> None:
         self.log.append(("moves", [m.uid for m in moves]))
@@ -33,7 +33,7 @@ class Host:
 
     def admit_group(self, a: Admission) -> None:
         self.log.append(("admit", a.uid))
-        self.states[a.uid] = Held.GENERATING
+        self.states[a.uid] = GroupState.QUEUED
 
 
 def admission(uid: int) -> Admission:
@@ -41,7 +41,8 @@ def admission(uid: int) -> Admission:
 
 
 def test_a_decision_is_applied_in_the_documented_order_moves_drops_batch_then_admissions_in_list_order():
-    host = Host(u1=Held.GENERATING, u2=Held.LOST, u3=Held.DONE, u4=Held.DONE, u5=Held.CANDIDATE, u6=Held.CANDIDATE)
+    host = Host(u1=GroupState.RUNNING, u2=GroupState.LOST, u3=GroupState.DONE, u4=GroupState.DONE, u5=GroupState.CANDIDATE,
+                u6=GroupState.CANDIDATE)
     d = Decision(admit=[admission(6), admission(5)], drop=[Drop(2, 0, "stale"), Drop(1, 0, "stale")],
                  moves=[Move(5, -1, 1)], train=[3, 4])
     apply_decision(host, d, call="select_batch", policy="p")
@@ -51,7 +52,7 @@ def test_a_decision_is_applied_in_the_documented_order_moves_drops_batch_then_ad
 def test_a_dropped_group_cannot_be_readmitted_by_the_same_decision_because_drops_come_first():
     """Applied the other way round, the lost group would be re-admitted and then dropped: an
     admission the ledger shows for a group that the same decision closed."""
-    host = Host(u2=Held.LOST)
+    host = Host(u2=GroupState.LOST)
     with pytest.raises(ValueError, match="admitted uid 2 in on_group_lost: it is unknown"):
         apply_decision(host, Decision(admit=[admission(2)], drop=[Drop(2, 0, "stale")]), call="on_group_lost",
                        policy="p")
@@ -59,36 +60,38 @@ def test_a_dropped_group_cannot_be_readmitted_by_the_same_decision_because_drops
 
 
 def test_drops_come_before_admissions_even_when_they_name_other_groups():
-    host = Host(u1=Held.DONE, u2=Held.LOST)
+    host = Host(u1=GroupState.DONE, u2=GroupState.LOST)
     apply_decision(host, Decision(admit=[admission(2)], drop=[Drop(1, 0, "stale")]), call="admit", policy="p")
-    assert host.log == [("drop", 1), ("admit", 2)] and host.states == {2: Held.GENERATING}
+    assert host.log == [("drop", 1), ("admit", 2)] and host.states == {2: GroupState.QUEUED}
 
 
 @pytest.mark.parametrize("call", ["admit", "on_group_finished", "on_step_done", "finish"])
 def test_only_select_batch_may_return_a_batch(call):
-    host = Host(u3=Held.DONE)
+    host = Host(u3=GroupState.DONE)
     with pytest.raises(ValueError, match=f"policy p: {call} returned a batch; only select_batch may"):
         apply_decision(host, Decision(train=[3]), call=call, policy="p")
     assert host.log == []
 
 
-@pytest.mark.parametrize("held", [Held.NOTHING, Held.CANDIDATE])
-def test_a_drop_must_name_an_admitted_untrained_group(held):
+@pytest.mark.parametrize(("held", "word"), [(None, "unknown"), (GroupState.CANDIDATE, "a candidate"),
+                                           (GroupState.TRAINED, "trained"), (GroupState.DROPPED, "dropped")])
+def test_a_drop_must_name_an_admitted_untrained_group(held, word):
     host = Host(u7=held)
-    with pytest.raises(ValueError, match=f"dropped uid 7 in admit: it is {held.value}, not an admitted, untrained"):
+    with pytest.raises(ValueError, match=f"dropped uid 7 in admit: it is {word}, not an admitted, untrained"):
         apply_decision(host, Decision(drop=[Drop(7, 0, "stale")]), call="admit", policy="p")
 
 
-@pytest.mark.parametrize("held", [Held.NOTHING, Held.GENERATING, Held.DONE])
-def test_an_admission_must_name_a_candidate_or_a_lost_group(held):
+@pytest.mark.parametrize(("held", "word"), [(None, "unknown"), (GroupState.QUEUED, "queued"),
+                                           (GroupState.RUNNING, "generating"), (GroupState.DONE, "done")])
+def test_an_admission_must_name_a_candidate_or_a_lost_group(held, word):
     host = Host(u7=held)
-    with pytest.raises(ValueError, match=f"admitted uid 7 in admit: it is {held.value}, neither a candidate nor a"):
+    with pytest.raises(ValueError, match=f"admitted uid 7 in admit: it is {word}, neither a candidate nor a"):
         apply_decision(host, Decision(admit=[admission(7)]), call="admit", policy="p")
 
 
 def test_a_uid_admitted_twice_in_one_decision_is_an_error_after_the_first_admission():
-    host = Host(u7=Held.CANDIDATE)
-    with pytest.raises(ValueError, match="admitted uid 7 in admit: it is generating"):
+    host = Host(u7=GroupState.CANDIDATE)
+    with pytest.raises(ValueError, match="admitted uid 7 in admit: it is queued"):
         apply_decision(host, Decision(admit=[admission(7), admission(7)]), call="admit", policy="p")
     assert host.log == [("admit", 7)]
 
@@ -97,7 +100,7 @@ def test_a_uid_admitted_twice_in_one_decision_is_an_error_after_the_first_admiss
                                                 ([3, 4], "trained uid 4: it is generating, not done"),
                                                 ([3, 9], "trained uid 9: it is unknown, not done")])
 def test_a_batch_must_name_distinct_done_groups(batch, message):
-    host = Host(u3=Held.DONE, u4=Held.GENERATING)
+    host = Host(u3=GroupState.DONE, u4=GroupState.RUNNING)
     with pytest.raises(ValueError, match=message):
         apply_decision(host, Decision(train=batch), call="select_batch", policy="p")
     assert host.log == []
