@@ -38,9 +38,9 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
+from planner.registry import POLICIES, policy_class
 from planner.tools.audit import audit
 from planner.tools.compare import compose, no_drop_bound
-from planner.registry import POLICIES, policy_class
 from planner.tools.simulate import run_simulation
 
 # A 512-prompt dataset (B=32: an epoch every 16 steps), so prompts recur as in multi-epoch RL.

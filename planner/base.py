@@ -147,10 +147,21 @@ class PolicyBase:
 
     @classmethod
     def build(cls, ctx: PlanContext, overrides: Mapping[str, Any] | None = None) -> PolicyBase:
-        """Make the policy from the common context plus `policy.<native name>` overrides."""
+        """Make the policy from the common context plus `policy.<native name>` overrides.
+
+        A parameter absent from `overrides` takes the policy's default: `default_params` (derived
+        from max_staleness) over the Params dataclass's own. A parameter present is that value,
+        None included: null is a value of the parameters whose type admits it (torchtitan's
+        `window_fraction: null` is strict FIFO, not the default 0.3) and an error for the others,
+        so "not given" and "null" never mean the same thing (`planner.registry.given_params`).
+        """
         overrides = dict(overrides or {})
-        check_keys(overrides, (f.name for f in dataclasses.fields(cls.Params)), "policy",
-                   what=f"parameter of policy '{cls.name}'")
+        fields = {f.name: f for f in dataclasses.fields(cls.Params)}
+        check_keys(overrides, fields, "policy", what=f"parameter of policy '{cls.name}'")
+        for key, value in overrides.items():
+            if value is None and "None" not in str(fields[key].type):
+                raise ValueError(f"policy.{key}=null: policy '{cls.name}' takes no null here "
+                                 f"(leave it ??? for its default)")
         return cls(ctx, cls.Params(**{**cls.default_params(ctx), **overrides}))
 
     # ----------------------------------------------------------------- views

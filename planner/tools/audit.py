@@ -25,8 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.run_files import METRICS_FILE, SUMMARY_FILE
 from planner.ledger import LEDGER_FILE, LedgerError, read_ledger
+from planner.run_files import METRICS_FILE, SUMMARY_FILE
 from planner.tools.length_bias import length_bias
 
 

@@ -43,8 +43,8 @@ import numpy as np
 import yaml
 
 from planner.configs import build
-from planner.tools.run_trace import TRACE_FILE, read_run_trace
 from planner.sim.config import SimConfig
+from planner.tools.run_trace import TRACE_FILE, read_run_trace
 
 CALIBRATION_FILE = "calibration.yaml"
 SPEED_ROUNDS = 50  # alternating fits of the coefficients and the worker speeds

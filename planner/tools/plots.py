@@ -18,8 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from planner.run_files import METRICS_FILE, SUMMARY_FILE  # noqa: E402
 from planner.ledger import read_ledger  # noqa: E402
+from planner.run_files import METRICS_FILE, SUMMARY_FILE  # noqa: E402
 from planner.sim.metrics import read_steps  # noqa: E402
 
 

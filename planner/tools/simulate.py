@@ -27,11 +27,11 @@ import yaml
 
 from planner.configs import build, check, check_keys, register_defaults
 from planner.ledger import LEDGER_FILE, LedgerWriter
-from planner.registry import make_policy, policy_class
+from planner.registry import given_params, make_policy, policy_class
 from planner.sim.config import SimConfig
-from planner.sim.simulator import SimResult, Simulator
 from planner.sim.metrics import write_outputs
 from planner.sim.recorder import EventRecorder
+from planner.sim.simulator import SimResult, Simulator
 from planner.sim.workloads import WORKLOADS, Workload, make_workload
 from planner.types import PlanContext
 
@@ -56,7 +56,7 @@ def _int(name: str, value: Any, *, optional: bool = False) -> int | None:
 @dataclass(frozen=True)
 class SimulateConfig:
     policy: str
-    policy_params: dict[str, Any]  # native parameters set explicitly (nulls derive from max_staleness)
+    policy_params: dict[str, Any]  # native parameters the config sets (`???`: not given, the policy's default)
     ctx: PlanContext
     seed: int
     workload: dict[str, Any]
@@ -79,7 +79,7 @@ class SimulateConfig:
             max_staleness=_int("max_staleness", cfg["max_staleness"], optional=True),
             total_steps=_int("steps", cfg["steps"]),
         )
-        params = {k: v for k, v in policy.items() if v is not None}
+        params = given_params(policy)
         config = cls(name, params, ctx, _int("seed", cfg["seed"]), dict(cfg["workload"]), build(SimConfig, cfg["sim"], "sim"))
         config.build_policy()  # validate native parameters now, not mid-sweep
         config.build_workload()

@@ -7,9 +7,9 @@ import json
 import pytest
 import yaml
 
+from planner.ledger import read_ledger
 from planner.tools.audit import audit
 from planner.tools.calibrate import calibrate
-from planner.ledger import read_ledger
 from planner.tools.fidelity import compare
 from planner.tools.run_trace import TRACE_FILE, read_run_trace
 from planner.tools.simulate import SimulateConfig, run_simulation

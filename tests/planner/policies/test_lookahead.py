@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.tools.audit import audit
 from planner.policies.lookahead import Lookahead, LookaheadParams
+from planner.tools.audit import audit
 from planner.types import Candidate, GroupState, PlanContext
 from tests.helpers.adversarial import AdversarialDriver
 

@@ -25,10 +25,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner.tools.audit import audit
 from planner.configs import build
-from planner.sim.config import FaultConfig
 from planner.registry import POLICIES, policy_class
+from planner.sim.config import FaultConfig
+from planner.tools.audit import audit
 from planner.tools.simulate import SimulateConfig, run_simulation
 
 policy_class("lookahead")  # registers every policy

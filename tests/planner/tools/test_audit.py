@@ -14,8 +14,8 @@ import sys
 import numpy as np
 import pytest
 
-from planner.tools.audit import audit, main
 from planner.ledger import LedgerError, LedgerWriter
+from planner.tools.audit import audit, main
 from planner.tools.length_bias import ks_statistic, length_bias
 from planner.types import Admission, Drop, Move
 

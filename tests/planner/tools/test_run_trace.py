@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from planner.tools.run_trace import TraceWriter, during_steps, finished_groups, read_run_trace
 from planner.sim.trace import read_trace
+from planner.tools.run_trace import TraceWriter, during_steps, finished_groups, read_run_trace
 
 
 def write(path, events):

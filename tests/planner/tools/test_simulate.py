@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from planner.tools.audit import audit
 from planner.run_files import SUMMARY_KEYS
+from planner.tools.audit import audit
 from planner.tools.simulate import SimulateConfig
 from tests.helpers import REPO
 
@@ -109,3 +109,24 @@ def test_compare_writes_table_csv_and_plots_in_one_command(tmp_path, conf):
     for wl in ("lognormal", "bimodal"):
         for f in ("throughput_vs_eta", "staleness_eta1", "nemo_in_order_utilisation_eta1", "nemo_in_order_gantt_eta1"):
             assert (out / f"{wl}_{f}.png").stat().st_size > 0
+
+
+def composed_simulate(*overrides):
+    """`conf/simulate.yaml` as `python -m planner.simulate` composes it, typed."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from planner.tools.simulate import CONF_DIR, register_config_nodes
+
+    register_config_nodes()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("simulate", overrides=list(overrides))
+    return SimulateConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_an_explicit_null_policy_parameter_survives_the_config_and_a_parameter_not_given_is_the_default():
+    """`policy.window_fraction=null` is torchtitan's strict FIFO, not its default 0.3."""
+    base = ("policy=torchtitan_windowed_fifo", "max_staleness=2", "batch_groups=4")
+    default, strict = composed_simulate(*base), composed_simulate(*base, "policy.window_fraction=null")
+    assert default.policy_params == {} and default.build_policy().window_size == 3
+    assert strict.policy_params == {"window_fraction": None} and strict.build_policy().window_size == 1
