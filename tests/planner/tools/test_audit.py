@@ -1,6 +1,6 @@
 """The audit recomputes staleness from the ledger alone and fails on every kind of broken promise.
 
-One minimal failing ledger per rule of `planner/audit.py` (docs/design.md §8.2), each asserting
+One minimal failing ledger per rule of `planner/tools/audit.py` (docs/design.md §8.2), each asserting
 that specific finding, next to the boundary case that passes. A new rule in the audit gets its
 fixture here.
 """

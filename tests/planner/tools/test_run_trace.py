@@ -1,4 +1,4 @@
-"""The run's timing trace (planner/run_trace.py): written buffered, read back line-checked, torn
+"""The run's timing trace (planner/tools/run_trace.py): written buffered, read back line-checked, torn
 last lines skipped, engine iterations aggregated into sufficient sums, groups for a replay."""
 
 import json
