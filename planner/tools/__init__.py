@@ -5,6 +5,7 @@ Commands: simulate, compare, tune, calibrate, audit (`python -m planner.tools.X`
 plots, fidelity, length_bias, run_trace (the real run's timing trace).
 
 The contract (base, types, driver, versions, run_files, ledger, registry, policies/, sim/, ...)
-never needs these to run a policy; a new command goes here, with a root shim only if people or
-scripts outside the repository type its name.
+borrows two analyses from here: the simulator reads real runs' traces as workloads (run_trace)
+and writes the audit's length-bias certificate into its summary (length_bias). A new command goes
+here, with a root shim only if people or scripts outside the repository type its name.
 """
