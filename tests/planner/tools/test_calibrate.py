@@ -2,6 +2,8 @@
 the simulator takes (merged under command-line sim.* overrides), and refuses bad traces in one line."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -161,3 +163,10 @@ def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path, text, me
     with pytest.raises(ValueError, match=message) as e:
         SimulateConfig.from_mapping(base)
     assert "\n" not in str(e.value)
+
+
+def test_the_stable_command_name_forwards_to_the_tool_and_its_exit_status(tmp_path):
+    """`python -m planner.calibrate` is a shim over `planner.tools.calibrate.main`."""
+    p = subprocess.run([sys.executable, "-m", "planner.calibrate", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr

@@ -21,7 +21,7 @@ def conf(tmp_path):
 
 
 def cli(module, *args, conf=None):
-    extra = ["--config-dir", str(conf)] if conf and module == "planner.simulate" else []
+    extra = ["--config-dir", str(conf)] if conf and module in ("planner.simulate", "planner.tools.simulate") else []
     return subprocess.run([sys.executable, "-m", module, *extra, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
 
@@ -38,6 +38,18 @@ def test_simulate_writes_the_contract_files_into_the_run_dir(tmp_path, conf):
     assert audit(run).ok
     for name in ("ledger.jsonl", "metrics.jsonl", "staleness_hist.png", "utilisation.png"):
         assert (run / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_stable_command_name_and_the_tools_module_run_the_same_simulation(tmp_path, conf):
+    """`python -m planner.simulate` is a shim over `planner.tools.simulate`: same config, same ledger."""
+    args = ("policy=nemo_in_order", "max_staleness=1", "batch_groups=4", "group_size=4", "steps=6", "sim=uneven")
+    ledgers = []
+    for module in ("planner.simulate", "planner.tools.simulate"):
+        p = cli(module, *args, f"hydra.run.dir={tmp_path / module}", conf=conf)
+        assert p.returncode == 0, p.stderr
+        ledgers.append((tmp_path / module / "ledger.jsonl").read_bytes())
+    assert ledgers[0] == ledgers[1] and ledgers[0].count(b'"event":"train"') == 6
 
 
 @pytest.mark.slow
