@@ -17,8 +17,8 @@ from pathlib import Path
 
 import yaml
 
-from planner import driver
-from planner.run_trace import TraceWriter
+from planner import run_files
+from planner.tools.run_trace import TraceWriter
 
 B, N, STEPS, ETA, SLOTS = 2, 2, 12, 1, 16
 LENGTHS, PROMPT = (6, 10), 20  # every group alike: every batch costs the same
@@ -38,7 +38,7 @@ def write_training_run(run_dir: Path) -> Path:
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "config.yaml").write_text(yaml.safe_dump({
         "max_staleness": ETA, "batch_groups": B, "group_size": N, "steps": STEPS,
-        "policy": {"name": "lookahead", "predictor": None, **POLICY_PARAMS}}))
+        "policy": {"name": "lookahead", "predictor": "???", **POLICY_PARAMS}}))  # ???: not given
     trace = TraceWriter(run_dir / "trace.jsonl")
     trace.write("run", 0.0, step=0, policy="lookahead", max_staleness=ETA, batch_groups=B, group_size=N,
                 admission_window=2 * B, max_new_tokens=max(LENGTHS), engine="jax", workers=1, slots=SLOTS,
@@ -71,7 +71,7 @@ def write_training_run(run_dir: Path) -> Path:
         staleness = min(k, 1)  # step 0 trains version-0 tokens; later steps the previous version's
         batch = {staleness: response}
         hist[staleness] = hist.get(staleness, 0) + response
-        records.append(driver.step_record(
+        records.append(run_files.step_record(
             step=k, reward_mean=0.0, loss=0.0, batch=batch, cycle_s=end + 0.001 - (records[-1]["elapsed_s"] if records else 0.0),
             wait_s=0.0, start_s=handed, end_s=end, elapsed_s=end + 0.001, trainer_busy_s=0.0, generator_busy_s=0.0,
             gen_active=[0], kv_usage=0.0, staleness=dict(hist)))
@@ -85,7 +85,7 @@ def write_training_run(run_dir: Path) -> Path:
         for r in records:
             fh.write(json.dumps(r) + "\n")
     elapsed = records[-1]["elapsed_s"]
-    summary = driver.summary(
+    summary = run_files.summary(
         policy="lookahead", max_staleness=ETA, staleness_bound=ETA, steps=STEPS, groups_admitted=B * STEPS,
         groups_trained=B * STEPS, groups_dropped=0, tokens_wasted=0, staleness=hist, elapsed_s=elapsed,
         trainer_busy_s=sum(r["end_s"] - r["start_s"] for r in records), generator_busy_s=0.1,

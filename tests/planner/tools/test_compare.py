@@ -5,10 +5,10 @@ import pytest
 
 import planner.policies  # noqa: F401  (registers the baselines)
 import planner.policies.lookahead  # noqa: F401
-from planner.compare import GANTT_START, GANTT_STEPS, parse_args
 from planner.ledger import read_ledger
-from planner.plots import eta_series, schedule_gantt, throughput_vs_eta
-from planner.simulate import SimulateConfig, run_simulation
+from planner.tools.compare import GANTT_START, GANTT_STEPS, parse_args
+from planner.tools.plots import eta_series, schedule_gantt, throughput_vs_eta
+from planner.tools.simulate import SimulateConfig, run_simulation
 
 
 def test_the_gantt_window_is_compares_own_key_with_a_default():

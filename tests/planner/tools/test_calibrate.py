@@ -2,16 +2,18 @@
 the simulator takes (merged under command-line sim.* overrides), and refuses bad traces in one line."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from planner.calibrate import calibrate, main, nnls
 from planner.configs import build
-from planner.run_trace import TraceWriter
 from planner.sim import SimConfig
-from planner.simulate import SimulateConfig, sim_overrides
+from planner.tools.calibrate import calibrate, main, nnls
+from planner.tools.run_trace import TraceWriter
+from planner.tools.simulate import SimulateConfig, sim_overrides
 
 ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01, 0.003
 SPEEDS = (1.0, 0.5)
@@ -163,6 +165,13 @@ def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path, text, me
     assert "\n" not in str(e.value)
 
 
+def test_the_stable_command_name_forwards_to_the_tool_and_its_exit_status(tmp_path):
+    """`python -m planner.calibrate` is a shim over `planner.tools.calibrate.main`."""
+    p = subprocess.run([sys.executable, "-m", "planner.calibrate", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
 # ---------------------------------------------------------------- warnings, labels, warm-up, replay
 def test_a_decode_fit_on_one_line_warns_naming_its_coefficients_and_the_count(tmp_path, capsys):
     run_dir = synthetic_run(tmp_path / "run", colocated=True, slowdown=0.7)
@@ -236,3 +245,14 @@ def test_the_printed_replay_command_replays_the_run_and_matches_its_steps_per_ho
     assert sim["steps_per_hour"] == pytest.approx(real["steps_per_hour"], rel=0.02)
     # non-trivial: the warm-up halves the whole-run figure
     assert real["steps_per_hour"] < 0.6 * real["steps_per_hour_steady"]
+
+
+def test_the_replay_takes_the_policy_parameters_the_run_set_and_not_those_left_to_the_policy(tmp_path):
+    from planner.tools.calibrate import policy_params
+
+    path = tmp_path / "config.yaml"
+    path.write_text("policy:\n  name: lookahead\n  predictor: ???\n  max_untrained_groups: 4\n  kv_token_budget: null\n")
+    assert policy_params(path) == {"max_untrained_groups": 4, "kv_token_budget": None}  # null is a value
+    path.write_text("policy: {name: lookahead, predictor: null, max_untrained_groups: 4}\n")  # before ???
+    assert policy_params(path) == {"max_untrained_groups": 4}
+    assert policy_params(tmp_path / "missing.yaml") == {}

@@ -7,9 +7,9 @@ import shutil
 import pytest
 
 import planner.policies.lookahead  # noqa: F401  (registers lookahead)
-from planner.plots import compiling_steps, main, run_plots, trace_active
 from planner.sim.metrics import read_steps
-from planner.simulate import SimulateConfig, run_simulation
+from planner.tools.plots import compiling_steps, main, run_plots, trace_active
+from planner.tools.simulate import SimulateConfig, run_simulation
 from tests.helpers import training_run as R
 
 
