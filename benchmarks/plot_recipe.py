@@ -49,7 +49,10 @@ def main() -> None:
         if base is None:
             base = held_out_pass_at_1(run["model"]["source"], run)
         final = held_out_pass_at_1(str(run_dir / "hf"), run)
-        evals = [(0, base)] + [(r["eval/version"], r["eval/pass_at_1"]) for r in records if "eval/pass_at_1" in r]
+        evals = [(r["eval/version"], r["eval/pass_at_1"]) for r in records if "eval/pass_at_1" in r]
+        # The base model: the run's own first evaluation (eval/version 0), else the CLI's figure.
+        if not evals or evals[0][0] != 0:
+            evals.insert(0, (0, base))
         evals.append((summary["steps"], final))
         curves.append((run["seed"], [r["reward_mean"] for r in records], evals))
         rows.append((run["seed"], base, final, summary["elapsed_s"], summary["max_token_staleness"],

@@ -499,7 +499,8 @@ def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
     """The short report printed at the end of a run."""
     import json
 
-    rewards = [json.loads(line)["reward_mean"] for line in metrics_path.read_text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rewards = [r["reward_mean"] for r in records]
     head, tail = rewards[:3], rewards[-3:]
     lines = [
         f"run dir: {out['run_dir']}",
@@ -509,6 +510,11 @@ def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
     if rewards:
         lines.append(f"reward: {sum(head) / len(head):.3f} (first {len(head)} steps) -> "
                      f"{sum(tail) / len(tail):.3f} (last {len(tail)})")
+    # The held-out figures (eval.every): the first evaluation (the base model) and the last.
+    evals = [(r["eval/version"], r["eval/pass_at_1"]) for r in records if r.get("eval/pass_at_1") is not None]
+    if evals:
+        (v0, p0), (v, p) = evals[0], evals[-1]
+        lines.append(f"eval/pass_at_1 (held out): {p0:.3f} (weights v{v0}) -> {p:.3f} (v{v})")
     lines += [
         f"busy: generator {100 * out['generator_busy_fraction']:.0f}%, trainer {100 * out['trainer_busy_fraction']:.0f}%;"
         f" groups: {out['groups_admitted']} admitted, {out['groups_trained']} trained, {out['groups_dropped']} dropped"

@@ -1,5 +1,11 @@
 """Held-out evaluation during training, on the run's own engine (`eval.every`, runtime/config.py).
 
+When (`EvalScheduler`): before the first step of a fresh run, on the base model (as verl's
+`val_before_train`, so that every curve starts from the base model), and after every `every`-th
+step, once the engine holds that step's weights; one at a time, a due one while another runs is
+skipped with a warning. The figures go into the next step's metrics record (`eval/version` says
+which weights they are of; 0 is the base model), the last ones into summary.json.
+
 How it shares the engine without touching the planner's guarantee: its requests (ids
 `eval.<version>.<i>`, greedy, one sample each) go to the same engine at `EVAL_PRIORITY`, below
 every rollout, so they only take slots that no admitted group is waiting for; the controller routes
@@ -15,6 +21,7 @@ figure in metrics.jsonl means what the command line prints for the same model an
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from typing import Any
 
@@ -29,6 +36,60 @@ EVAL_PRIORITY = 1e30  # after every rollout: lower priorities are admitted first
 
 def is_eval_request(request_id: str) -> bool:
     return request_id.startswith(EVAL_PREFIX)
+
+
+log = logging.getLogger(__name__)
+
+
+class EvalScheduler:
+    """When the run evaluates, the evaluation running on the engine, and its figures.
+
+    `every`: `eval.every` (0: never). The controller asks `due(steps_done)` once the engine holds
+    the weights of that many steps, sends `start(version)`'s requests, routes eval pieces to
+    `add` and, once it returns the finished evaluation, scores it and hands the figures to
+    `finished`. `take_pending` gives them to the next step record once; `last` keeps them.
+    """
+
+    def __init__(self, prompts: list[Prompt], every: int, *, max_new_tokens: int,
+                 stop_token_ids: tuple[int, ...]) -> None:
+        self.prompts, self.every = list(prompts), every
+        self.max_new_tokens, self.stop_token_ids = max_new_tokens, stop_token_ids
+        self.running: EngineEval | None = None
+        self.last: dict[str, Any] | None = None
+        self._pending: dict[str, Any] = {}
+
+    def due(self, steps_done: int) -> bool:
+        """Whether the weights after `steps_done` steps are evaluated (0: the base model, before training)."""
+        return bool(self.every) and steps_done % self.every == 0
+
+    def start(self, version: int) -> list[GenerationRequest]:
+        """The requests of an evaluation of `version`; none while another one runs (it is skipped)."""
+        if self.running is not None:
+            log.warning("evaluation of version %d skipped: the one of version %d is still running",
+                        version, self.running.version)
+            return []
+        self.running = EngineEval(self.prompts, version, max_new_tokens=self.max_new_tokens,
+                                  stop_token_ids=self.stop_token_ids)
+        return self.running.requests()
+
+    def add(self, piece: SampleOutput) -> EngineEval | None:
+        """Route one eval piece; returns the running evaluation once all its prompts are done."""
+        if self.running is not None and self.running.add(piece):
+            return self.running
+        return None
+
+    def finished(self, evaluation: EngineEval, figures: dict[str, Any]) -> None:
+        """`evaluation` is scored: its figures wait for the next step record."""
+        if self.running is evaluation:
+            self.running = None
+        self._pending, self.last = figures, figures
+        log.info("eval of version %d: pass@1 %.3f, mean reward %.3f over %d held-out prompts", evaluation.version,
+                 figures["eval/pass_at_1"], figures["eval/mean_reward"], figures["eval/n"])
+
+    def take_pending(self) -> dict[str, Any]:
+        """The figures finished since the last call, once ({} when none)."""
+        pending, self._pending = self._pending, {}
+        return pending
 
 
 class EngineEval:
