@@ -1,0 +1,1 @@
+"""Command-line tools shared by the planner's and the trainer's entry points (entry: errors and --help)."""
