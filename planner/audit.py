@@ -17,7 +17,6 @@ docs/design.md §8.2 lists the rules; tests/planner/test_audit.py holds a failin
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
@@ -28,6 +27,7 @@ from typing import Any
 from planner.driver import METRICS_FILE, SUMMARY_FILE
 from planner.ledger import LEDGER_FILE, LedgerError, read_ledger
 from planner.length_bias import length_bias
+from planner.tools import entry
 
 
 @dataclass
@@ -248,7 +248,7 @@ def _completeness(ledger: Path, events: int, trained: set[int], summary: dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m planner.audit", description=__doc__.splitlines()[0])
+    parser = entry.ArgumentParser(prog="python -m planner.audit", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="run directory holding ledger.jsonl (or the ledger file itself)")
     parser.add_argument("--max-staleness", type=int, help="η to check (default: summary.json's)")
     parser.add_argument("--max-length-bias", type=float,

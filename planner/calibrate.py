@@ -32,7 +32,6 @@ and exit status 1.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ import yaml
 from planner.configs import build
 from planner.run_trace import TRACE_FILE, read_run_trace
 from planner.sim.config import SimConfig
+from planner.tools import entry
 
 CALIBRATION_FILE = "calibration.yaml"
 SPEED_ROUNDS = 50  # alternating fits of the coefficients and the worker speeds
@@ -217,7 +217,7 @@ def report(cal: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m planner.calibrate", description=__doc__.splitlines()[0])
+    ap = entry.ArgumentParser(prog="python -m planner.calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", help="a training run's directory (holds trace.jsonl)")
     ap.add_argument("--out", help=f"where to write the calibration (default RUN_DIR/{CALIBRATION_FILE})")
     args = ap.parse_args(argv)

@@ -30,6 +30,7 @@ jaxrl_async/ alike: no JAX here.
 
 from __future__ import annotations
 
+import argparse
 import difflib
 import itertools
 import shutil
@@ -260,6 +261,22 @@ def _only_hydra_files(run_dir: Path) -> bool:
 
 def _holds_files(run_dir: Path | None) -> bool:
     return run_dir is not None and run_dir.is_dir() and any(run_dir.iterdir())
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse for the option-style commands (audit, calibrate, launch): a usage error is one
+    `error:` line naming the option and, for an unknown one, the nearest known options; exit
+    status 2 (argparse's own) so that it stays apart from a command's verdict (audit: 1)."""
+
+    def error(self, message: str) -> NoReturn:
+        known = [o for o in self._option_string_actions if o.startswith("--")]
+        hints = []
+        if message.startswith("unrecognized arguments:"):
+            for word in message.split(":", 1)[1].split():
+                if word.startswith("-"):
+                    hints += nearest(word.split("=")[0], known)
+        hint = f" ({_did_you_mean(hints)})" if hints else ""
+        fail(f"{message}{hint}; {self.prog} --help lists the options", status=2)
 
 
 def hydra_main(command: Command, task: Callable[[Any], Any], *, before_run: Callable[[], None] | None = None) -> None:

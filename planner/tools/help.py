@@ -251,7 +251,8 @@ def help_text(conf_dir: Path, config_name: str, spec: HelpSpec, argv: Sequence[s
     keys: dict[str, Key] = {}
     for prefix, source in sections:
         for key in class_keys(source, prefix):
-            keys.setdefault(key.name, key)
+            if key.name not in groups:  # a field that holds a group's mapping (EvalConfig.task)
+                keys.setdefault(key.name, key)
     for top in tops:
         comments = _yaml_comments(conf_dir / f"{top}.yaml")
         for name, value in _yaml(conf_dir, top).items():
