@@ -117,22 +117,33 @@ def _groups(conf_dir: Path) -> set[str]:
             and not str(p.relative_to(conf_dir)).startswith(("hydra", "base"))}
 
 
-def check_overrides(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
-    """The checks of the module docstring: a one-line ValueError for the first unknown group
-    option or key of `overrides`, with the nearest valid names. Call `register` first."""
-    parsed = _parse(overrides)
-    groups = _groups(conf_dir)
+def _check_options(parsed: Sequence[Any], groups: set[str], conf_dirs: Sequence[Path]) -> list[Any]:
+    """The group choices among `parsed`; a ValueError for an option no conf dir has."""
     choices = []
     for o in parsed:
         key = o.key_or_group
         if key in groups and not o.is_delete():
-            known = options(conf_dir, key)
+            known = sorted({name for d in conf_dirs for name in options(d, key)})
             for value in _values(o):
                 if value not in known and value != "null":
                     hint = _did_you_mean(nearest(value, known))
                     raise ValueError(f"{key}={value}: unknown option ({hint + ' ' if hint else ''}"
                                      f"options: {', '.join(known)})")
             choices.append(o)
+    return choices
+
+
+def check_options(conf_dirs: Sequence[Path], overrides: Sequence[str]) -> None:
+    """Only the group-option check, over several conf dirs (Hydra's `--config-dir` adds one)."""
+    _check_options(_parse(overrides), set().union(*(_groups(d) for d in conf_dirs)), conf_dirs)
+
+
+def check_overrides(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> None:
+    """The checks of the module docstring: a one-line ValueError for the first unknown group
+    option or key of `overrides`, with the nearest valid names. Call `register` first."""
+    parsed = _parse(overrides)
+    groups = _groups(conf_dir)
+    choices = _check_options(parsed, groups, [conf_dir])
     keys = [o for o in parsed if o not in choices and not (o.is_add() or o.is_force_add() or o.is_delete())
             and not o.key_or_group.startswith(("hydra.", "hydra/")) and o.key_or_group != "hydra"]
     if not keys:
@@ -279,6 +290,15 @@ class ArgumentParser(argparse.ArgumentParser):
         fail(f"{message}{hint}; {self.prog} --help lists the options", status=2)
 
 
+def _config_dir(argv: Sequence[str]) -> Path | None:
+    for i, arg in enumerate(argv):
+        if arg in ("--config-dir", "-cd") and i + 1 < len(argv):
+            return Path(argv[i + 1])
+        if arg.startswith("--config-dir="):
+            return Path(arg.split("=", 1)[1])
+    return None
+
+
 def hydra_main(command: Command, task: Callable[[Any], Any], *, before_run: Callable[[], None] | None = None) -> None:
     """`@hydra.main(conf_dir, config_name)(task)()` behind the checks of the module docstring."""
     argv = sys.argv[1:]
@@ -292,7 +312,13 @@ def hydra_main(command: Command, task: Callable[[Any], Any], *, before_run: Call
     multirun = any(a in ("-m", "--multirun") for a in argv)
     overrides = [a for a in argv if not a.startswith("-")]
     held_before = None
-    if not unchecked:
+    extra_dir = _config_dir(argv)
+    if extra_dir is not None:  # the checks cannot compose with a second conf dir; the options they can check
+        try:
+            check_options([command.conf_dir, extra_dir], [o for o in overrides if o != str(extra_dir)])
+        except ValueError as e:
+            fail(e)
+    elif not unchecked:
         try:
             validate(command, overrides, multirun=multirun)
         except ValueError as e:
