@@ -1,8 +1,9 @@
 """`--help` for a Hydra command, derived from its config dataclasses without importing them.
 
-The one source of a key's meaning is the comment on its dataclass field: the comment at the end
-of the field's line, or else the comment lines right above it (`planner/sim/config.py` and
-`jaxrl_async/runtime/config.py` show the convention). The help reads those comments from the
+The one source of a key's meaning is its dataclass field: the comment at the end of the field's
+line, or else the comment lines right above it (`planner/sim/config.py` and
+`jaxrl_async/runtime/config.py` show the convention), or else the field's entry in the class
+docstring's `Attributes:` section (`jaxrl_async/engines/jax/core.py EngineConfig`). The help reads those comments from the
 source files with `ast` and `tokenize` instead of importing the classes, because the training
 side's config modules import JAX (seconds) and `--help` must answer at once; a class given as a
 class is read from its own source file the same way.
@@ -133,6 +134,28 @@ def _doc(node: ast.AnnAssign, comments: Mapping[int, tuple[bool, str]]) -> str:
     return " ".join(above)
 
 
+def _attributes(node: ast.ClassDef) -> dict[str, str]:
+    """The `Attributes:` section of a class docstring (Google style) -> field name -> text."""
+    doc = ast.get_docstring(node) or ""
+    out, current, indent = {}, None, None
+    lines = doc.split("Attributes:", 1)[1].splitlines() if "Attributes:" in doc else []
+    for line in lines[1:]:
+        if not line.strip():
+            if out:
+                break
+            continue
+        depth = len(line) - len(line.lstrip())
+        m = re.match(r"\s*(\w+):\s*(.*)$", line)
+        if m and (indent is None or depth == indent):
+            indent, current = depth, m.group(1)
+            out[current] = m.group(2)
+        elif current is not None and indent is not None and depth > indent:
+            out[current] += " " + line.strip()
+        else:
+            break
+    return out
+
+
 def _one_line(doc: str) -> str:
     doc = " ".join(doc.split())
     return doc if len(doc) <= DOC_WIDTH else textwrap.shorten(doc, DOC_WIDTH, placeholder=" …")
@@ -153,7 +176,7 @@ def _fields(path: Path, module: str, qualname: str, prefix: str) -> list[Key]:
     node = _class(tree, qualname)
     if node is None:
         raise ValueError(f"help: class {qualname} not found in {path}")
-    out = []
+    out, attributes = [], _attributes(node)
     for stmt in node.body:
         if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
             continue
@@ -169,7 +192,8 @@ def _fields(path: Path, module: str, qualname: str, prefix: str) -> list[Key]:
             if sub is not None and _is_dataclass(sub):
                 out.extend(_fields(*where, f"{key}."))
                 continue
-        out.append(Key(key, annotation, _one_line(_doc(stmt, comments))))
+        doc = _doc(stmt, comments) or attributes.get(stmt.target.id, "")
+        out.append(Key(key, annotation, _one_line(doc)))
     return out
 
 
