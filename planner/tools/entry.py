@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import functools
 import itertools
 import shutil
 import sys
@@ -328,6 +329,7 @@ def hydra_main(command: Command, task: Callable[[Any], Any], *, before_run: Call
             held_before = run_dir if _holds_files(run_dir) else None
     started = time.time()
 
+    @functools.wraps(task)  # Hydra names the job (and its .log file) after the task it unwraps to
     def guarded(cfg: Any) -> Any:
         from hydra.core.hydra_config import HydraConfig
 

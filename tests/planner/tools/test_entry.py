@@ -110,6 +110,7 @@ def test_a_task_that_rejects_its_input_leaves_no_new_run_dir_but_keeps_one_that_
     assert run_app(monkeypatch, conf, earlier, 1) == 1 and (earlier / ".hydra").is_dir()
     done = tmp_path / "done"
     assert run_app(monkeypatch, conf, done, 0) == 0 and (done / ".hydra" / "config.yaml").exists()
+    assert (done / "test_entry.log").exists()  # the job keeps the name of the task, not of the wrapper
 
 
 def test_the_option_parser_says_one_line_with_the_nearest_option(capsys):
