@@ -7,12 +7,12 @@ import json
 import pytest
 import yaml
 
-from planner.audit import audit
-from planner.calibrate import calibrate
 from planner.ledger import read_ledger
-from planner.fidelity import compare
-from planner.run_trace import TRACE_FILE, read_run_trace
-from planner.simulate import SimulateConfig, run_simulation
+from planner.tools.audit import audit
+from planner.tools.calibrate import calibrate
+from planner.tools.fidelity import compare
+from planner.tools.run_trace import TRACE_FILE, read_run_trace
+from planner.tools.simulate import SimulateConfig, run_simulation
 from tests.helpers.train_runs import make_job, run_within
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from planner.audit import audit
-from planner.simulate import SimulateConfig, run_simulation
-from planner.tune import TuneConfig, choose, compose, prepare, rank, split, tune
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, run_simulation
+from planner.tools.tune import TuneConfig, choose, compose, prepare, rank, split, tune
 from tests.helpers import REPO
 
 # A trainer-bound cluster: four workers, B=32; a step costs ~80 s, generating its batch ~60 s.

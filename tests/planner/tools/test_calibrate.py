@@ -2,16 +2,18 @@
 the simulator takes (merged under command-line sim.* overrides), and refuses bad traces in one line."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from planner.calibrate import calibrate, main, nnls
 from planner.configs import build
-from planner.run_trace import TraceWriter
 from planner.sim import SimConfig
-from planner.simulate import SimulateConfig, sim_overrides
+from planner.tools.calibrate import calibrate, main, nnls
+from planner.tools.run_trace import TraceWriter
+from planner.tools.simulate import SimulateConfig, sim_overrides
 
 ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01, 0.003
 SPEEDS = (1.0, 0.5)
@@ -161,3 +163,10 @@ def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path, text, me
     with pytest.raises(ValueError, match=message) as e:
         SimulateConfig.from_mapping(base)
     assert "\n" not in str(e.value)
+
+
+def test_the_stable_command_name_forwards_to_the_tool_and_its_exit_status(tmp_path):
+    """`python -m planner.calibrate` is a shim over `planner.tools.calibrate.main`."""
+    p = subprocess.run([sys.executable, "-m", "planner.calibrate", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
