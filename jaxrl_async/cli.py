@@ -2,8 +2,8 @@
 command line's overrides, type it, and turn any bad input into one line on stderr and status 1.
 
 The Compose API is used rather than `@hydra.main`: a one-shot command needs no run directory or
-logging setup, and Hydra's own multi-line errors (e.g. the list of available models) are joined
-into one line.
+logging setup. `planner.tools.entry.compose` checks the command line first (an unknown key or
+group option is one line with the nearest valid names) and `--help` lists the groups and keys.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.simulate import CONF_DIR, register_config_nodes
+from planner.tools.simulate import CONF_DIR, register_config_nodes
 from planner.tools import entry
 from planner.tools.help import HelpSpec
 from tests.helpers import REPO
