@@ -336,7 +336,7 @@ class TrainJob:
         return None
 
     def _lead(self) -> dict[str, Any]:
-        from jaxrl_async.runtime.metrics import SUMMARY_FILE, summary, write_json
+        from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
         from planner.tools.audit import audit, audited_bound
 
         try:
@@ -363,7 +363,8 @@ class TrainJob:
                          groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
         out = summary(result.stats, policy=self.setup.policy_name, max_staleness=run.max_staleness, staleness_bound=bound,
                       elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,
-                      generator_busy_s=result.generator_busy_s, extra=extra)
+                      generator_busy_s=result.generator_busy_s,
+                      record_s=record_times(self.run_dir / METRICS_FILE), extra=extra)
         write_json(self.run_dir / SUMMARY_FILE, out)
         return out
 

@@ -25,7 +25,7 @@ SUMMARY_KEYS = (
     "policy", "max_staleness", "staleness_bound", "steps", "groups_admitted", "groups_trained", "groups_dropped",
     "tokens_trained", "tokens_wasted", "max_token_staleness", "mean_token_staleness",
     "staleness_histogram", "elapsed_s", "trainer_busy_fraction", "generator_busy_fraction",
-    "steps_per_hour",
+    "steps_per_hour", "steps_per_hour_steady",
 )
 
 # metrics.jsonl (docs/design.md §8.3): one record per trainer step, these first, in this order.
@@ -56,11 +56,27 @@ def hist_json(hist: Mapping[int, int]) -> dict[str, int]:
 
 
 _TINY = 1e-12  # guards a division by an elapsed time of zero (a run that ended at once)
+# The steady state starts after this many steps: a real run's first steps compile the jitted
+# steps (docs/calibration.md), seconds that say nothing about the steady rate.
+STEADY_AFTER = 3
+
+
+def steady_steps_per_hour(record_s: Sequence[float], warmup: int = STEADY_AFTER) -> float | None:
+    """Steps per hour of the steady state: the steps after the first `warmup`, over the run seconds
+    from step `warmup − 1`'s metrics record to the last record. `record_s`: each step's record
+    time (`metrics.jsonl` `elapsed_s`), in step order, whole run. None when the run has no step
+    after the warm-up. Both drivers' summaries and `planner.fidelity` measure it this way, so a
+    run and its replay compare the same window.
+    """
+    if len(record_s) <= warmup:
+        return None
+    start = record_s[warmup - 1] if warmup else 0.0
+    return (len(record_s) - warmup) / max(record_s[-1] - start, _TINY) * 3600.0
 
 
 def summary(*, policy: str, max_staleness: int | None, staleness_bound: int | None, steps: int, groups_admitted: int, groups_trained: int,
             groups_dropped: int, tokens_wasted: int, staleness: Mapping[int, int], elapsed_s: float,
-            trainer_busy_s: float, generator_busy_s: float,
+            trainer_busy_s: float, generator_busy_s: float, record_s: Sequence[float],
             extensions: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The `summary.json` object: `SUMMARY_KEYS` in order, then `extensions`.
 
@@ -68,7 +84,9 @@ def summary(*, policy: str, max_staleness: int | None, staleness_bound: int | No
     sum). `generator_busy_s`: busy seconds of the average generator. `elapsed_s`: simulated
     seconds in simulation, wall seconds in training. `staleness_bound`: the policy's own claim
     (`Policy.staleness_bound()`: η when strict, a looser bound for torchtitan's windowed FIFO,
-    None when it claims none), which `planner.audit` checks by default.
+    None when it claims none), which `planner.audit` checks by default. `record_s`: each step's
+    `metrics.jsonl` record time, whole run: `steps_per_hour` spans the whole run (warm-up and
+    compilation included), `steps_per_hour_steady` the steady state (`steady_steps_per_hour`).
     """
     elapsed = max(elapsed_s, _TINY)
     out = {
@@ -88,6 +106,7 @@ def summary(*, policy: str, max_staleness: int | None, staleness_bound: int | No
         "trainer_busy_fraction": min(1.0, trainer_busy_s / elapsed),
         "generator_busy_fraction": min(1.0, generator_busy_s / elapsed),
         "steps_per_hour": steps / elapsed * 3600.0,
+        "steps_per_hour_steady": steady_steps_per_hour(record_s),
     }
     out.update(extensions or {})
     return out

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from planner import run_files
+from planner.jsonl import read_jsonl_lines
 from planner.run_files import METRICS_FILE, SUMMARY_FILE  # noqa: F401  (the runtime's modules import them here)
 
 
@@ -127,15 +128,24 @@ def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], leng
         })
 
 
+def record_times(path: Path) -> list[float]:
+    """Each step's record time (`elapsed_s`) in `metrics.jsonl`, whole run (a resume continues
+    the file), for `summary`'s steady-state steps/h; [] when the file is missing."""
+    if not path.is_file():
+        return []
+    return [row["elapsed_s"] for _, row in read_jsonl_lines(path)]
+
+
 def summary(stats: RunStats, *, policy: str, max_staleness: int | None, staleness_bound: int | None, elapsed_s: float,
-            trainer_busy_s: float, generator_busy_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            trainer_busy_s: float, generator_busy_s: float, record_s: list[float],
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The `summary.json` object: `planner.run_files.summary`'s keys, then the training run's
-    extensions, then `extra`."""
+    extensions, then `extra`. `record_s`: `record_times` of the run's metrics file."""
     return run_files.summary(
         policy=policy, max_staleness=max_staleness, staleness_bound=staleness_bound, steps=stats.steps_done, groups_admitted=stats.groups_admitted,
         groups_trained=stats.groups_trained, groups_dropped=stats.groups_dropped, tokens_wasted=stats.tokens_wasted,
         staleness=stats.staleness, elapsed_s=elapsed_s, trainer_busy_s=trainer_busy_s,
-        generator_busy_s=generator_busy_s,
+        generator_busy_s=generator_busy_s, record_s=record_s,
         extensions={
             "overlap_fraction": stats.overlap_s / max(stats.trainer_busy_s, 1e-9),
             "steps_skipped": stats.steps_skipped,

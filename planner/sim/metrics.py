@@ -79,6 +79,7 @@ class RunMetrics:
             groups_trained=self.groups_trained, groups_dropped=sum(self.drops.values()),
             tokens_wasted=self.tokens_wasted, staleness=self.histogram, elapsed_s=elapsed_s,
             trainer_busy_s=trainer_busy_s, generator_busy_s=sum(generator_busy_s) / len(generator_busy_s),
+            record_s=[row["elapsed_s"] for row in self.steps],
             extensions={"trajectories_trained": self.trajectories_trained,
                         "drops_by_reason": dict(sorted(self.drops.items())),
                         "length_bias": length_bias(self.admitted_lengths, self.trained_lengths), **extras},

@@ -16,8 +16,9 @@ flight when the trainer starts is slowed from that moment on, by contention, not
 `set_slow` brings the counter to `now` at the old rate before it changes; the simulator then
 recomputes the next completion.
 
-Prefill and weight loads *stall* the worker (`stall_until`): its counter does not advance, as on a
-vLLM engine that runs a prefill batch or loads weights between decode steps. Token versions are
+Compilation (`sim.workers.compile_s`, before the first decode step), prefill and weight loads
+*stall* the worker (`stall_until`): its counter does not advance, as on a vLLM engine that runs a
+prefill batch or loads weights between decode steps. Token versions are
 tracked in *segments*: when the worker's version changes, every running group's tokens since the
 last change are booked to the old version (`close_segments`: partial rollout).
 
@@ -61,7 +62,7 @@ class Worker:
         self.kv_cap = cfg.kv_capacity
         self.counter = 0.0  # cumulative decode steps
         self.t_last = 0.0  # time at which `counter` is exact
-        self.stall_until = 0.0  # no decoding before this time (prefill, weight load)
+        self.stall_until = cfg.compile_s  # no decoding before this time (compile, prefill, weight load)
         self.active = 0  # sequences decoding
         self.stuck = 0  # sequences of hung runs: they hold slots but never advance
         self.seqs: list[tuple[float, int]] = []  # heap of (finish counter, run token)

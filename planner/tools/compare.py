@@ -3,12 +3,14 @@
     python -m planner.compare policies=[nemo_in_order,lookahead] etas=[1,2,4] \
         workloads=[lognormal,bimodal] out=compare_out steps=200 sim=uneven
 
-`policies`, `etas`, `workloads`, `out`, `reference_policy` (default lookahead) and `gantt_policy`
-(default lookahead) belong to compare; every other `key=value` is a `planner.simulate` override
-applied to every run. Writes `results.md` (also printed), `results.csv`, and per workload:
-throughput vs η, staleness histograms, trainer/generator utilisation over time, and the Gantt of
-`gantt_policy`'s schedule (from its ledger: admit, move, train). Each run's contract files are in
-`out/<workload>/<policy>/eta<η>/`.
+`policies`, `etas`, `workloads`, `out`, `reference_policy` (default lookahead), `gantt_policy`
+(default lookahead), `gantt.start` and `gantt.steps` (the Gantt's window: the groups admitted at
+versions start … start + steps − 1, default 0 and 6) belong to compare; every other `key=value` is
+a `planner.simulate` override applied to every run. Writes `results.md` (also printed),
+`results.csv`, and per workload: throughput vs η (runs that dropped groups marked with their
+count), staleness histograms, trainer/generator utilisation over time, and the Gantt of
+`gantt_policy`'s schedule (from its ledger: admit, move, train, drop). Each run's contract files
+are in `out/<workload>/<policy>/eta<η>/`.
 
 Two reference columns per workload:
 
@@ -41,7 +43,8 @@ from planner.sim.metrics import read_steps
 from planner.tools import entry
 from planner.tools.simulate import CONF_DIR, SimulateConfig, register_config_nodes, run_simulation
 
-OWN_KEYS = ("policies", "etas", "workloads", "out", "reference_policy", "gantt_policy")
+GANTT_START, GANTT_STEPS = 0, 6  # the Gantt's default window: groups admitted at versions 0-5
+OWN_KEYS = ("policies", "etas", "workloads", "out", "reference_policy", "gantt_policy", "gantt.start", "gantt.steps")
 CSV_COLUMNS = (
     "workload", "policy", "eta", "steps_per_hour", "unbounded_ceiling", "no_drop_bound", "max_token_staleness",
     "mean_token_staleness", "groups_dropped", "tokens_wasted", "trainer_busy_fraction", "generator_busy_fraction",
@@ -51,7 +54,8 @@ CSV_COLUMNS = (
 
 def parse_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     own: dict[str, Any] = {"out": "compare_out", "reference_policy": "lookahead", "gantt_policy": "lookahead",
-                           "workloads": ["lognormal"], "etas": [1, 2, 4]}
+                           "workloads": ["lognormal"], "etas": [1, 2, 4], "gantt.start": GANTT_START,
+                           "gantt.steps": GANTT_STEPS}
     passthrough = []
     for arg in argv:
         key, sep, value = arg.partition("=")
@@ -69,6 +73,10 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
     for eta in own["etas"]:
         if isinstance(eta, bool) or not isinstance(eta, int) or eta < 0:
             raise ValueError(f"etas: {eta!r} must be integers >= 0")
+    for key, least in (("gantt.start", 0), ("gantt.steps", 1)):
+        value = own[key]
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{key}={value!r}: must be an integer >= {least}")
     return own, passthrough
 
 
@@ -155,7 +163,8 @@ def run_compare(argv: Sequence[str]) -> list[dict[str, Any]]:
                           title=f"{p}, {wl}, η={eta0}")
         if own["gantt_policy"] in own["policies"]:
             run_dir = summaries[wl, own["gantt_policy"], eta0][1]
-            P.schedule_gantt(run_dir / "ledger.jsonl", out / f"{wl}_{own['gantt_policy']}_gantt_eta{eta0}.png")
+            P.schedule_gantt(run_dir / "ledger.jsonl", out / f"{wl}_{own['gantt_policy']}_gantt_eta{eta0}.png",
+                             start=own["gantt.start"], steps=own["gantt.steps"])
     return rows
 
 

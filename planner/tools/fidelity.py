@@ -3,8 +3,9 @@ benchmark and its CI test compare, read from the two run directories' `metrics.j
 drivers write the same keys, docs/design.md §8.3) and the real run's `trace.jsonl`.
 
 Steady state: the figures span the record of step `warmup − 1` to the last record, because the
-real run's first steps compile the jitted steps (seconds the simulator does not model); both runs
-are measured over the same steps. The staleness histograms are whole-run (the last record's).
+real run's first steps compile the jitted steps; both runs are measured over the same steps, with
+`planner.run_files.steady_steps_per_hour` (the summaries' `steps_per_hour_steady` at warmup 3).
+The staleness histograms are whole-run (the last record's).
 
 Two trainer busy fractions of the real run: `trainer_busy` is the runtime's (the optimizer step
 alone, `train_s`); `trainer_step_busy` is the trainer's step as the planner and the simulator see
@@ -20,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.run_files import steady_steps_per_hour
 from planner.tools.run_trace import TRACE_FILE, read_run_trace
 
 
@@ -64,7 +66,7 @@ def figures(run_dir: str | Path, warmup: int) -> RunFigures:
         step_busy = busy / span
     hist = {int(k): v for k, v in b["staleness_hist"].items()}
     total = sum(hist.values()) or 1
-    return RunFigures(3600 * (len(rows) - warmup) / span, frac("trainer_busy"), step_busy, frac("generator_busy"),
+    return RunFigures(steady_steps_per_hour([r["elapsed_s"] for r in rows], warmup), frac("trainer_busy"), step_busy, frac("generator_busy"),
                       {k: v / total for k, v in sorted(hist.items())})
 
 

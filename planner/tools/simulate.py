@@ -11,7 +11,10 @@ policy) is one line on stderr and exit status 1. The run directory receives `sum
 
 `calibration=FILE` (a `planner.calibrate` output, docs/calibration.md) sets the cluster from a
 real run's fit: its `sim:` mapping goes over the `sim=` group's file and under the command line's
-own `sim.*` overrides, so `calibration=F sim.workers.load_lag=0` changes one fitted value.
+own `sim.*` overrides, so `calibration=F sim.workers.load_lag=0` changes one fitted value. It does
+not set the planner context: a run that differs from the calibrated run's (its `run:` mapping:
+policy, η, B, n, steps) says so on stderr, with the replay command `planner.calibrate` printed.
+The last line printed names the run directory.
 """
 
 from __future__ import annotations
@@ -118,6 +121,20 @@ def load_calibration(path: Any) -> dict[str, Any]:
     return obj["sim"]
 
 
+def calibration_mismatch(path: str, config: SimulateConfig) -> str | None:
+    """A one-line warning when the run's planner context differs from the calibrated run's (the
+    file's `run:` mapping), naming each key: a replay without them runs the simulator's defaults."""
+    run = (yaml.safe_load(Path(path).read_text()) or {}).get("run") or {}
+    ours = {"policy": config.policy, "max_staleness": config.ctx.max_staleness,
+            "batch_groups": config.ctx.batch_groups, "group_size": config.ctx.group_size,
+            "steps": config.ctx.total_steps}
+    differ = [f"{k}={ours[k]} (the run's {run[k]})" for k in ours if k in run and run[k] != ours[k]]
+    if not differ:
+        return None
+    replay = f"; to replay the run: {run['replay']}" if run.get("replay") else ""
+    return f"calibration={path} was fitted to another run: {', '.join(differ)}{replay}"
+
+
 def merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
     """`base` with `over`'s keys on top, nested mappings merged key by key."""
     out = dict(base)
@@ -168,9 +185,12 @@ def run_simulation(
 
 
 def one_line(summary: Mapping[str, Any]) -> str:
+    steady = summary.get("steps_per_hour_steady")
     return (
         f"{summary['policy']} η={summary['max_staleness']}: {summary['steps']} steps in {summary['elapsed_s']:.0f} s "
-        f"simulated ({summary['steps_per_hour']:.1f} steps/h), max staleness {summary['max_token_staleness']}, "
+        f"simulated ({summary['steps_per_hour']:.1f} steps/h"
+        + (f", {steady:.1f} in the steady state" if steady is not None else "")
+        + f"), max staleness {summary['max_token_staleness']}, "
         f"{summary['groups_dropped']} dropped, {summary['tokens_wasted']} tokens wasted, "
         f"trainer busy {summary['trainer_busy_fraction']:.0%}, generators busy {summary['generator_busy_fraction']:.0%}"
         + (", DEADLOCK" if summary.get("deadlock") else "")
@@ -186,8 +206,12 @@ def _app(cfg: Any) -> None:
                                              sim_overrides(HydraConfig.get().overrides.task))
     except ValueError as e:
         fail(e)
-    result = run_simulation(config, HydraConfig.get().runtime.output_dir)
+    if cfg.calibration is not None and (warning := calibration_mismatch(cfg.calibration, config)):
+        print(f"warning: {warning}", file=sys.stderr)
+    out_dir = HydraConfig.get().runtime.output_dir
+    result = run_simulation(config, out_dir)
     print(one_line(result.summary))
+    print(f"wrote {out_dir}")
     if result.deadlock:
         sys.exit(2)
 

@@ -326,9 +326,17 @@ def compose(overrides: Sequence[str]) -> dict[str, Any]:
 
 def prepare(overrides: Sequence[str]) -> tuple[TuneConfig, dict[str, Any]]:
     """The tuner's config and the base mapping of a command line. A `calibration` file is applied
-    once, here (under the command line's own `sim.*`), so each candidate's `sim` keys win over it."""
+    once, here (under the command line's own `sim.*`), so each candidate's `sim` keys win over it.
+    Its compile warm-up (`sim.workers.compile_s`, `sim.trainer.compile_s`: seconds every candidate
+    pays alike, which a replay includes to match its run's whole-run figures) is left out unless the
+    command line sets it: the tuner ranks what the configurations sustain."""
     tcfg, base_map = split(compose(overrides))
-    return tcfg, with_calibration(base_map, sim_overrides(overrides))
+    own = sim_overrides(overrides)
+    base_map = with_calibration(base_map, own)
+    for part in ("workers", "trainer"):
+        if "compile_s" not in own.get(part, {}) and "compile_s" in base_map["sim"].get(part, {}):
+            base_map["sim"][part]["compile_s"] = 0.0
+    return tcfg, base_map
 
 
 def main(argv: Sequence[str] | None = None) -> None:

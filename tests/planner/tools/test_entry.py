@@ -58,7 +58,7 @@ def simulate_conf():
 @pytest.mark.parametrize(("override", "message"), [
     ("workers.t_sync=1", "workers.t_sync: unknown key (did you mean sim.workers.t_sync?)"),
     ("sim.trainer.c00=1", "sim.trainer.c00: unknown key (did you mean sim.trainer.c0?)"),
-    ("sim.trainer.q=1", "sim.trainer.q: unknown key (known in sim.trainer: c0, c1, wait_sync)"),
+    ("sim.trainer.q=1", "sim.trainer.q: unknown key (known in sim.trainer: c0, c1, compile_s, wait_sync)"),
     ("steps.x=1", "steps.x: unknown key (steps is a value, not a section)"),
     ("polcy=areal", "polcy: unknown key (did you mean policy?)"),
     ("sim=unven", "sim=unven: unknown option (did you mean uneven? options: default, fault, slot_limited, uneven)"),

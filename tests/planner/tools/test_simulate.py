@@ -8,7 +8,7 @@ import pytest
 
 from planner.run_files import SUMMARY_KEYS
 from planner.tools.audit import audit
-from planner.tools.simulate import SimulateConfig
+from planner.tools.simulate import SimulateConfig, calibration_mismatch
 from tests.helpers import REPO
 
 
@@ -32,8 +32,10 @@ def test_simulate_writes_the_contract_files_into_the_run_dir(tmp_path, conf):
     p = cli("planner.simulate", "policy=nemo_in_order", "max_staleness=1", "batch_groups=4", "group_size=4",
             "steps=10", "seed=3", "sim=uneven", f"hydra.run.dir={run}", conf=conf)
     assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == f"wrote {run}"  # where it wrote, last
     summary = json.loads((run / "summary.json").read_text())
     assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
+    assert 0 < summary["steps_per_hour_steady"] and "in the steady state" in p.stdout
     assert summary["policy"] == "nemo_in_order" and summary["steps"] == 10 and summary["max_staleness"] == 1
     assert audit(run).ok
     for name in ("ledger.jsonl", "metrics.jsonl", "staleness_hist.png", "utilisation.png"):
@@ -142,3 +144,15 @@ def test_an_explicit_null_policy_parameter_survives_the_config_and_a_parameter_n
     default, strict = composed_simulate(*base), composed_simulate(*base, "policy.window_fraction=null")
     assert default.policy_params == {} and default.build_policy().window_size == 3
     assert strict.policy_params == {"window_fraction": None} and strict.build_policy().window_size == 1
+
+
+def test_a_calibration_fitted_to_another_run_says_which_keys_differ_and_how_to_replay(tmp_path):
+    path = tmp_path / "calibration.yaml"
+    path.write_text("sim: {}\nrun: {policy: nemo_in_order, max_staleness: 1, batch_groups: 4, group_size: 2, "
+                    "steps: 3, replay: python -m planner.simulate X}\n")
+    same = SimulateConfig.from_mapping(base_config(max_staleness=1))
+    assert calibration_mismatch(str(path), same) is None
+    other = SimulateConfig.from_mapping(base_config(max_staleness=2, steps=7))
+    warning = calibration_mismatch(str(path), other)
+    assert "max_staleness=2 (the run's 1), steps=7 (the run's 3)" in warning and "batch_groups" not in warning
+    assert warning.endswith("to replay the run: python -m planner.simulate X") and "\n" not in warning
