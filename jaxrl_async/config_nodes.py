@@ -34,6 +34,37 @@ def config_nodes() -> dict[str, type]:
     }
 
 
+# The same nodes by name, for `--help`: read from source without importing the classes (their
+# modules import JAX; tests/jaxrl_async/test_config_nodes.py keeps the two tables equal).
+HELP_NODES = {
+    "train": "jaxrl_async.runtime.config:RunConfig",
+    "generate": "jaxrl_async.generate:GenerateConfig",
+    "eval": "jaxrl_async.eval:EvalConfig",
+    "trainer": "jaxrl_async.trainer.config:TrainerConfig",
+    "engine/jax": "jaxrl_async.engines.jax.core:EngineConfig",
+    "engine/vllm": "jaxrl_async.engines.vllm.engine:VllmEngineConfig",
+    "cluster/local": "jaxrl_async.cluster.config:ProcessConfig",
+    "cluster/ray": "jaxrl_async.cluster.ray:RayClusterConfig",
+    "cluster/slurm": "jaxrl_async.cluster.config:ProcessConfig",
+    "task/arithmetic": "jaxrl_async.tasks.arithmetic:ArithmeticConfig",
+    "task/custom": "jaxrl_async.tasks.custom:CustomConfig",
+    "task/gsm8k": "jaxrl_async.tasks.gsm8k:GSM8KConfig",
+    "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
+    "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
+}
+MODEL_SPEC = "jaxrl_async.models.loading:ModelSpec"  # conf/model/*.yaml: no defaults node
+
+
+def help_spec(prog: str, summary: str):
+    """What `--help` reads for a command on conf/ (train, generate, eval): planner/tools/help.py."""
+    from planner.registry import policy_class
+    from planner.tools.help import HelpSpec
+
+    return HelpSpec(prog, summary, HELP_NODES,
+                    {"policy": lambda name: policy_class(name).Params, "model": lambda name: MODEL_SPEC},
+                    extra_groups=("experiment",))
+
+
 def register_config_nodes() -> None:
     from planner.configs import register_defaults
 

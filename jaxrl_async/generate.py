@@ -32,12 +32,12 @@ class GenerateConfig:
     """The command line's keys (`conf/generate.yaml` documents them; the defaults live here)."""
 
     model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
-    prompt: str = "Hello"
-    max_new_tokens: int = 32
+    prompt: str = "Hello"  # the text to complete (wrapped in the chat template when `chat`)
+    max_new_tokens: int = 32  # longest completion
     temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling; 1.0 = off
     top_k: int = 0  # 0 = off
-    seed: int = 0
+    seed: int = 0  # the sampling seed
     chat: bool = True  # apply the chat template when the tokenizer has one
     output: str = "text"  # "text": print the completion | "json": one JSON object
 

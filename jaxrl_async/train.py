@@ -7,8 +7,8 @@ top-level keys are `RunConfig`'s). The generation engine is `engine=jax` (in-pro
 mode) joins a multi-host JAX job before the first JAX use, and `trainer.mesh` / `engine.replicas`,
 `engine.tensor_parallel`, `engine.colocate` place the trainer and the engines on devices
 (cluster/placement.py; docs/scale_out.md). `typed_config` turns the composed config into typed,
-validated objects once; a bad value is a one-line error and exit status 1, an unknown key is Hydra's own
-error. `TrainJob` builds the components, runs the `Controller`, and ends the run:
+validated objects once, before Hydra makes the run directory (planner/tools/entry.py); a bad value
+or an unknown key is a one-line error naming it and exit status 1. `TrainJob` builds the components, runs the `Controller`, and ends the run:
 
     run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
     run_dir/metrics.jsonl    one record per step;  run_dir/tb/ the same in TensorBoard
@@ -573,18 +573,23 @@ def _main(cfg: DictConfig) -> None:
         sys.exit(1)
 
 
-def main() -> None:
-    import hydra
+def main(before_run=None) -> None:
+    """`before_run`: called once the command line is no `--help` (the compilation cache)."""
+    from jaxrl_async.config_nodes import help_spec, register_config_nodes
+    from planner.tools.entry import Command, hydra_main
 
-    from jaxrl_async.config_nodes import register_config_nodes
+    conf_dir = Path(__file__).resolve().parent.parent / "conf"
+    # register: the dataclass defaults every conf/ file starts from; typed: bad input fails before Hydra's run dir
+    command = Command(conf_dir, "train", help_spec("python -m jaxrl_async.train", "one async RL run (docs/design.md §5, §8)"),
+                      register_config_nodes, lambda cfg, _overrides: typed_config(cfg))
+    hydra_main(command, _main, before_run=before_run)
 
-    register_config_nodes()  # the dataclass defaults every conf/ file starts from
-    conf_dir = str(Path(__file__).resolve().parent.parent / "conf")
-    hydra.main(version_base="1.3", config_path=conf_dir, config_name="train")(_main)()
 
-
-if __name__ == "__main__":
+def _compilation_cache() -> None:
     from jaxrl_async.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache()
-    main()
+
+
+if __name__ == "__main__":
+    main(before_run=_compilation_cache)

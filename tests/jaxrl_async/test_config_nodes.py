@@ -105,3 +105,9 @@ def test_the_harder_recipe_changes_only_the_task_of_the_one_it_extends():
     easy, hard = (typed_config(compose_train([f"+experiment={e}"])) for e in ("smollm2_arithmetic", "smollm2_products12"))
     assert easy.run == hard.run and easy.trainer == hard.trainer and easy.engine == hard.engine
     assert (easy.task["max_operand"], hard.task["max_operand"]) == (9, 12)
+
+
+def test_the_help_reads_the_same_dataclasses_as_the_config_nodes():
+    from jaxrl_async.config_nodes import HELP_NODES
+
+    assert HELP_NODES == {path: f"{cls.__module__}:{cls.__qualname__}" for path, cls in config_nodes().items()}

@@ -46,7 +46,8 @@ def test_chat_false_encodes_the_raw_prompt_and_text_output_prints_the_completion
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=nope"], "Could not find 'model/nope' Available options in 'model':"),
+    (["model=nope"], "model=nope: unknown option (options: smollm2_135m, tiny)"),
+    (["max_new_token=2"], "max_new_token: unknown key (did you mean max_new_tokens?)"),
     (["max_new_tokens=2000"], "max_new_tokens=2000 = 20"),
     (["model.source=/nowhere.gguf"], "model source '/nowhere.gguf' is neither"),
     (["output=xml"], "output='xml': must be one of"),
