@@ -10,15 +10,23 @@ once; `samples=k > 1` also draws k samples per prompt at `temperature`. The task
 scores each completion (or its `reward_fn`), and a completion *passes* when its reward is >=
 `pass_threshold` (1.0: fully right; dense rewards such as the synthetic tasks' may set less).
 
-Reported (`output=table` prints a table; `output=json` exactly one JSON object):
-  pass_at_1    greedy completions that pass / prompts
-  mean_reward  mean greedy reward
-  n            prompts scored;  reward_errors: rewards that failed (scored 0.0)
-  mean_at_k, pass_at_k (samples > 1): mean sampled reward; prompts with >= 1 passing sample
-The same `evaluate` runs inside training (`eval_every`), on the training engine.
+Reported (`output=table` prints a table; `output=json` exactly one JSON object on stdout). The
+greedy pass and the sampled pass measure different decoders, and the names say which:
+  greedy_pass_at_1     greedy completions that pass / prompts              (also as pass_at_1)
+  greedy_mean_reward   mean greedy reward                                  (also as mean_reward)
+  n                    prompts scored;  reward_errors: rewards that failed (scored 0.0)
+  samples > 1, over the k completions per prompt sampled at `temperature`:
+  sampled_pass_at_k    prompts with >= 1 passing sample / prompts          (also as pass_at_k)
+  sampled_mean_reward  mean sampled reward                                 (also as mean_at_k)
+  sampled_pass_at_1    sampled completions that pass / (n·k)
+sampled_pass_at_k may be below greedy_pass_at_1: at temperature 1 a small model's samples are
+often worse than its argmax. The old keys (docs/design.md §8.7) stay for the scripts that read
+them. The decoding, scoring and figures are runtime/evaluation.py's, shared with the evaluation
+inside training (`eval.every`, on the training engine).
 
+While it loads the model and compiles, the command says so on stderr (cli/common.py `note`).
 Bad input — an unknown model, task or key, a task without a held-out split, a prompt that does
-not fit the model's context — is one line on stderr and exit status 1 (jaxrl_async/cli.py).
+not fit the model's context — is one `error:` line on stderr and exit status 1 (cli/common.py).
 """
 
 from __future__ import annotations
@@ -28,10 +36,16 @@ import io
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jaxrl_async.models.loading import ModelSpec
+from jaxrl_async.cli.common import note, run_command
+from jaxrl_async.engines.base import SamplingParams
+from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.models.loading import ModelSpec, load_model
+from jaxrl_async.runtime.evaluation import EvalResult, decode_all, score_all, summarize
+from jaxrl_async.tasks import build_task
 from planner.configs import build, check
 
 OUTPUTS = ("table", "json")
@@ -67,26 +81,6 @@ class EvalConfig:
               f"must be <= num_slots={self.num_slots} (a prompt's samples are decoded together)")
 
 
-@dataclass(frozen=True)
-class EvalResult:
-    """What `evaluate` measured; `to_json` is the `output=json` object."""
-
-    pass_at_1: float
-    mean_reward: float
-    n: int
-    reward_errors: int
-    samples: int
-    mean_at_k: float | None = None
-    pass_at_k: float | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pass_at_1": self.pass_at_1, "mean_reward": self.mean_reward, "n": self.n,
-                               "reward_errors": self.reward_errors, "samples": self.samples}
-        if self.samples > 1:
-            out.update(mean_at_k=self.mean_at_k, pass_at_k=self.pass_at_k)
-        return out
-
-
 def typed_config(cfg: dict[str, Any]) -> EvalConfig:
     """The composed `conf/eval.yaml` -> `EvalConfig`; every problem is a one-line ValueError."""
     model, task = cfg.get("model"), cfg.get("task")
@@ -95,52 +89,12 @@ def typed_config(cfg: dict[str, Any]) -> EvalConfig:
     return build(EvalConfig, {**cfg, "model": {**model, "source": str(model["source"])}}, "")
 
 
-def decode_all(core, prompts: list, sampling) -> list[list[list[int]]]:
-    """Every prompt through `core` (an `EngineCore`) with `sampling`: per prompt, each sample's
-    tokens in sample order. The core queues what does not fit its slots."""
-    from jaxrl_async.engines.base import GenerationRequest
-
-    tokens = [[[] for _ in range(sampling.n)] for _ in prompts]
-    for i, prompt in enumerate(prompts):
-        core.submit(GenerationRequest(str(i), list(prompt.prompt_ids), sampling))
-    while core.has_work():
-        for out in core.step():
-            tokens[int(out.request_id)][out.sample_index] += out.token_ids
-    return tokens
-
-
-async def score_all(task, tokenizer, prompts: list, samples: list[list[list[int]]]) -> list[list[Any]]:
-    """The task's reward of every sample (`samples[i]`: prompt i's samples' tokens): per prompt,
-    one `RewardResult` per sample."""
-    async def one(prompt, ids):
-        return await task.reward(prompt, tokenizer.decode(ids), ids)
-
-    return [await asyncio.gather(*(one(p, ids) for ids in ids_of_p)) for p, ids_of_p in zip(prompts, samples)]
-
-
-def summarize(greedy: list[list[Any]], sampled: list[list[Any]] | None, threshold: float) -> EvalResult:
-    """pass@1 / mean reward of the greedy completions (one per prompt), mean@k / pass@k of the samples."""
-    first = [results[0] for results in greedy]
-    errors = sum(r.error is not None for r in first)
-    out = dict(pass_at_1=sum(r.value >= threshold for r in first) / len(first),
-               mean_reward=sum(r.value for r in first) / len(first), n=len(first), samples=1)
-    if sampled is not None:
-        flat = [r for results in sampled for r in results]
-        errors += sum(r.error is not None for r in flat)
-        out.update(samples=len(sampled[0]), mean_at_k=sum(r.value for r in flat) / len(flat),
-                   pass_at_k=sum(any(r.value >= threshold for r in results) for results in sampled) / len(sampled))
-    return EvalResult(reward_errors=errors, **out)
-
-
-def evaluate(config: EvalConfig) -> tuple[EvalResult, dict[str, Any]]:
-    """Load the model and the task, decode the split, score it. Returns (result, run facts)."""
-    from jaxrl_async.engines.base import SamplingParams
-    from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
-    from jaxrl_async.models.loading import load_model
-    from jaxrl_async.tasks import build_task
-
+def evaluate(config: EvalConfig, *, say: Callable[[str], None] = lambda _: None) -> tuple[EvalResult, dict[str, Any]]:
+    """Load the model and the task, decode the split, score it. Returns (result, run facts);
+    `say` gets a status line before each slow phase (the command line prints them on stderr)."""
     task = build_task(config.task)  # data first: a missing split fails before the model loads
     examples = task.split_examples(config.split)[: config.limit]
+    say(f"loading model {config.model.source} ...")
     loaded = load_model(config.model.source, dtype=config.model.dtype)
     tok = loaded.tokenizer
     if tok is None:
@@ -157,11 +111,13 @@ def evaluate(config: EvalConfig) -> tuple[EvalResult, dict[str, Any]]:
                                                              min_bucket=min(16, need), seed=config.seed))
     t0 = time.monotonic()
     greedy_params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop_token_ids=stop)
+    say(f"compiling and decoding {len(prompts)} prompts greedily ...")
     greedy = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, greedy_params)))
     sampled = None
     if config.samples > 1:
         params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
                                 top_p=config.top_p, stop_token_ids=stop, n=config.samples, seed=config.seed)
+        say(f"sampling {config.samples} completions per prompt at temperature={config.temperature} ...")
         sampled = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, params)))
     result = summarize(greedy, sampled, config.pass_threshold)
     facts = {"model": config.model.source, "task": config.task["name"], "split": config.split,
@@ -178,25 +134,46 @@ def table(result: EvalResult, facts: dict[str, Any]) -> str:
                     f"{facts['elapsed_s']:.0f} s)")
     t.add_column("metric")
     t.add_column("value", justify="right")
-    for key, value in result.to_json().items():
-        t.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value))
+    t.add_column("what")
+    figures = result.to_json()
+    for key, what in TABLE_ROWS:
+        if key in figures:
+            value = figures[key]
+            t.add_row(key, f"{value:.4f}" if isinstance(value, float) else str(value), what)
     console = Console(color_system=None, width=100, file=io.StringIO())
     console.print(t)
     return console.file.getvalue()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from jaxrl_async.cli import run_command
+# The table's rows: the names that say what they measure (output=json also keeps the old keys).
+TABLE_ROWS = (
+    ("greedy_pass_at_1", "greedy completions that pass / prompts"),
+    ("greedy_mean_reward", "mean reward of the greedy completions"),
+    ("sampled_pass_at_k", "prompts with >= 1 passing sample of k"),
+    ("sampled_pass_at_1", "sampled completions that pass"),
+    ("sampled_mean_reward", "mean reward of the sampled completions"),
+    ("n", "prompts scored"),
+    ("samples", "k: completions sampled per prompt"),
+    ("reward_errors", "rewards that failed (scored 0.0)"),
+)
 
+
+def main(argv: list[str] | None = None) -> int:
     def show(config: EvalConfig, measured: tuple[EvalResult, dict[str, Any]]) -> str:
         result, facts = measured
         return json.dumps({**result.to_json(), **facts}) + "\n" if config.output == "json" else table(result, facts)
 
-    return run_command("eval", argv, typed_config, evaluate, show)
+    return run_command("eval", EvalConfig, argv, typed_config, lambda config: evaluate(config, say=note), show)
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """`python -m` entry (this module's and the jaxrl_async/eval.py shim's): the on-disk
+    compilation cache, then `main`'s exit status."""
     from jaxrl_async.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -9,19 +9,24 @@ a .gguf file). The prompt goes through the model's chat template as one user mes
 prints exactly one JSON object (docs/design.md §8):
 `{"prompt_ids", "token_ids", "text", "logprobs", "finish_reason"}`. Bad input — an unknown model
 or key, a bad value, a prompt that does not fit the model's context — is one line on stderr and
-exit status 1.
+exit status 1. While it loads the model and compiles, it says so on stderr; stdout holds only
+the output above.
 
-The command line's plumbing (compose, type, one-line errors) is jaxrl_async/cli.py's.
+The command line's plumbing (compose, type, one-line errors, status lines) is cli/common.py's.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from jaxrl_async.models.loading import ModelSpec
+from jaxrl_async.cli.common import note, run_command
+from jaxrl_async.engines.base import GenerationRequest, SamplingParams
+from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.models.loading import ModelSpec, load_model
 from planner.configs import build, check
 
 OUTPUTS = ("text", "json")
@@ -54,12 +59,10 @@ def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
     return build(GenerateConfig, {**cfg, "model": {**model, "source": str(model["source"])}}, "")
 
 
-def generate(config: GenerateConfig) -> dict[str, Any]:
-    """Load the model, run the prompt through an `EngineCore` of one slot, return the result."""
-    from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-    from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
-    from jaxrl_async.models.loading import load_model
-
+def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Load the model, run the prompt through an `EngineCore` of one slot, return the result;
+    `say` gets a status line before each slow phase (the command line prints them on stderr)."""
+    say(f"loading model {config.model.source} ...")
     loaded = load_model(config.model.source, dtype=config.model.dtype)
     tok = loaded.tokenizer
     if tok is None:
@@ -81,6 +84,7 @@ def generate(config: GenerateConfig) -> dict[str, Any]:
     core = EngineCore(loaded.model, loaded.cfg,
                       EngineConfig(num_slots=1, max_len=need, min_bucket=min(16, need)))
     core.submit(GenerationRequest("prompt", prompt_ids, sampling))
+    say(f"compiling and generating up to {config.max_new_tokens} tokens ...")
     outputs = []
     while core.has_work():
         outputs += core.step()
@@ -91,14 +95,18 @@ def generate(config: GenerateConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from jaxrl_async.cli import run_command
-
-    return run_command("generate", argv, typed_config, generate,
+    return run_command("generate", GenerateConfig, argv, typed_config, lambda config: generate(config, say=note),
                        lambda config, result: (json.dumps(result) if config.output == "json" else result["text"]) + "\n")
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """`python -m` entry (this module's and the jaxrl_async/generate.py shim's): the on-disk
+    compilation cache, then `main`'s exit status."""
     from jaxrl_async.compilation_cache import enable_compilation_cache
 
     enable_compilation_cache()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

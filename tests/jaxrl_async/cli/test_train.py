@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_async.train import typed_config
+from jaxrl_async.job.setup import typed_config
 from tests.helpers import REPO
 from tests.helpers.train_runs import QUIET, compose_train
 
