@@ -104,3 +104,10 @@ def test_bad_group_values_are_one_line_errors(override, message):
     with pytest.raises(ValueError, match=message) as info:
         typed_config(compose_train([override]))
     assert "\n" not in str(info.value)
+
+
+def test_resume_to_a_path_that_holds_no_run_exits_1_in_one_line_and_creates_it_not(tmp_path):
+    typo = tmp_path / "runs" / "typo"
+    line = one_error_line(train(tmp_path, f"resume={typo}"))
+    assert line.startswith(f"error: resume={typo}: does not exist"), line
+    assert not typo.exists() and not (tmp_path / "runs").exists()
