@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_async.checkpoint import Checkpointer
-from jaxrl_async.cluster.lockstep import CommandChannel, lead
+from jaxrl_async.cluster.lockstep import CommandChannel, LeaderCheckpointer, LeaderTrainer, lead
 from jaxrl_async.cluster.placement import Placement, plan_placement
 from jaxrl_async.engines.base import GenerationEngine
 from jaxrl_async.engines.registry import build_engine
@@ -53,8 +53,8 @@ class Components:
     loaded: LoadedModel
     placement: Placement
     channel: CommandChannel | None  # process 0 -> the others; None in a one-process job
-    trainer: Trainer  # on process 0 of a multi-process job: the lockstep leader's wrapper
-    checkpointer: Checkpointer
+    trainer: Trainer | LeaderTrainer  # process 0 of a multi-process job: the lockstep leader's wrapper
+    checkpointer: Checkpointer | LeaderCheckpointer
     meta: dict[str, Any] | None = None  # the restored checkpoint's meta (None: a fresh run)
     controller: Controller | None = None
     recorder: EventRecorder | None = None

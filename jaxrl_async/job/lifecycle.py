@@ -33,6 +33,7 @@ from jaxrl_async.job.report import export_hf, placement_summary, write_summary
 from jaxrl_async.job.resume import check_resume_target, start_resuming
 from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.run_dir import RunDirLock
+from jaxrl_async.runtime.controller import Controller
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -69,11 +70,13 @@ class TrainJob:
             raise
 
     @property
-    def controller(self) -> Any:
+    def controller(self) -> Controller:
+        """Process 0's controller (None on the other processes)."""
         return self.parts.controller
 
     @property
     def trainer(self) -> Any:
+        """The trainer (on process 0 of a multi-process job: its lockstep leader)."""
         return self.parts.trainer
 
     def release(self) -> None:

@@ -68,8 +68,8 @@ def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path) -> Path:
 
 def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir: Path,
                   extra: dict[str, Any]) -> dict[str, Any]:
-    """summary.json for the controller's `result`: docs/design.md §8.1's keys, `extra`, and — when
-    the run finished — the audit's verdict over the run's files."""
+    """summary.json for the controller's `result` (its `RunResult`): docs/design.md §8.1's keys,
+    `extra`, and — when the run finished — the audit's verdict over the run's files."""
     run = setup.run
     extra = {"completed": result.completed, "run_dir": str(run_dir), **extra}
     if result.completed:
