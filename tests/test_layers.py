@@ -33,6 +33,10 @@ def test_the_runtime_does_not_import_the_cluster_package():
     assert offenders("jaxrl_async/runtime", ("jaxrl_async.cluster",)) == []
 
 
+def test_the_engines_count_tokens_with_planner_versions_not_the_driver():
+    assert offenders("jaxrl_async/engines", ("planner.driver",)) == []
+
+
 # The `python -m jaxrl_async.train|eval|generate` shims: they only forward to jaxrl_async/cli/.
 COMMAND_SHIMS = ("jaxrl_async/train.py", "jaxrl_async/eval.py", "jaxrl_async/generate.py")
 

@@ -5,7 +5,7 @@ command-line override of a key, the composed config must hold that key, so each 
 its dataclass's node first (`defaults: [/base/engine/jax@_here_, _self_]`) and Hydra merges the
 YAML over it. Call `register_config_nodes()` before composing `conf/` (cli/train.py and
 cli/common.py `run_command` do, and so do the tests' compose helpers); the simulator's nodes are
-planner/simulate.py's. The one-shot commands' own top levels (`base/generate`, `base/eval`) are
+planner/tools/simulate.py's. The one-shot commands' own top levels (`base/generate`, `base/eval`) are
 registered by `run_command` from the command's config class, so this module imports no command
 (a command imports it).
 

@@ -39,8 +39,8 @@ from jaxrl_async.tasks.base import Example, Task
 from jaxrl_async.trainer.trainer import Trainer
 from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.registry import make_policy
-from planner.run_trace import TRACE_FILE, TraceWriter
 from planner.sim.recorder import EventRecorder
+from planner.tools.run_trace import TRACE_FILE, TraceWriter
 from planner.types import PlanContext
 
 

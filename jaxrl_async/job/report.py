@@ -21,13 +21,13 @@ from jaxrl_async.cluster.placement import Placement
 from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.models.hf_weights import save_hf
 from jaxrl_async.models.loading import LoadedModel
-from jaxrl_async.runtime.metrics import SUMMARY_FILE, summary, write_json
+from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
 from jaxrl_async.trainer.trainer import Trainer
-from planner.audit import audit, audited_bound
+from planner.tools.audit import audit, audited_bound
 
 
 def trace_meta(setup: TrainSetup, placement: Placement | None = None) -> dict[str, Any]:
-    """The timing trace's `run` line (planner/run_trace.py): the planner's context and what the
+    """The timing trace's `run` line (planner/tools/run_trace.py): the planner's context and what the
     simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode, and
     whether it shares the trainer's devices (`colocated`: an engine the trainer's process places
     with `engine.colocate=true`; other engines place themselves and time no iterations)."""
@@ -78,7 +78,8 @@ def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir:
                      groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
     out = summary(result.stats, policy=setup.policy_name, max_staleness=run.max_staleness, staleness_bound=bound,
                   elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,
-                  generator_busy_s=result.generator_busy_s, extra=extra)
+                  generator_busy_s=result.generator_busy_s, record_s=record_times(run_dir / METRICS_FILE),
+                  extra=extra)
     write_json(run_dir / SUMMARY_FILE, out)
     return out
 

@@ -24,7 +24,7 @@ from jaxrl_async.models.loading import ModelSpec
 from jaxrl_async.runtime.config import RunConfig
 from jaxrl_async.trainer.config import TrainerConfig
 from planner.configs import build
-from planner.registry import make_policy
+from planner.registry import given_params, make_policy
 from planner.types import PlanContext
 
 GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
@@ -38,7 +38,7 @@ class TrainSetup:
     model: ModelSpec  # model.source (a registered name, a HF directory or a .gguf file), model.dtype
     task: dict[str, Any]  # the `task=` group as composed (checked by `tasks.build_task`)
     policy_name: str  # a name in planner/registry.py
-    policy_overrides: dict[str, Any]  # native parameters that are not null
+    policy_overrides: dict[str, Any]  # the native parameters given (planner.registry.given_params)
     engine: AnyEngineConfig  # the chosen backend's config (its class carries `engine.name`)
     trainer: TrainerConfig
     cluster: ClusterConfig
@@ -83,7 +83,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     name = policy.pop("name", None)
     if not isinstance(name, str):
         raise ValueError(f"policy.name={name!r}: every conf/policy/*.yaml names its policy")
-    overrides = {k: v for k, v in policy.items() if v is not None}  # null: derived from max_staleness
+    overrides = given_params(policy)  # ??? in conf/policy: not given (the default); null is a value
     # Built once here so that an unknown policy or a bad native parameter fails at start-up.
     make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps), overrides)
     engine_values = groups["engine"]

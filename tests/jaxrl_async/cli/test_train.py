@@ -106,6 +106,22 @@ def test_bad_group_values_are_one_line_errors(override, message):
     assert "\n" not in str(info.value)
 
 
+def test_an_explicit_null_policy_parameter_survives_the_config_and_a_parameter_not_given_is_the_default():
+    """`policy.window_fraction=null` is torchtitan's strict FIFO, not its default 0.3."""
+    from planner.registry import make_policy
+    from planner.types import PlanContext
+
+    def window(*overrides):
+        setup = typed_config(compose_train(["policy=torchtitan_windowed_fifo", "max_staleness=2", "batch_groups=4",
+                                            *overrides]))
+        run = setup.run
+        ctx = PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps)
+        return setup.policy_overrides, make_policy(setup.policy_name, ctx, setup.policy_overrides).window_size
+
+    assert window() == ({}, 3)  # W = floor(0.3 · (2 + 1) · B=4)
+    assert window("policy.window_fraction=null") == ({"window_fraction": None}, 1)
+
+
 def test_resume_to_a_path_that_holds_no_run_exits_1_in_one_line_and_creates_it_not(tmp_path):
     typo = tmp_path / "runs" / "typo"
     line = one_error_line(train(tmp_path, f"resume={typo}"))
