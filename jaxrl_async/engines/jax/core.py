@@ -60,7 +60,7 @@ import collections
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
@@ -124,6 +124,8 @@ class EngineConfig:
     `EngineCore` does not read the last three: the caller builds one mesh per replica from them
     and passes it (`EngineCore(..., mesh=)`).
     """
+
+    name: ClassVar[str] = "jax"  # `engine.name`: its entry in engines/registry.py
 
     num_slots: int = 8
     max_len: int = 1024

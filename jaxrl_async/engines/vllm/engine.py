@@ -38,7 +38,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, read_outputs)
@@ -75,6 +75,8 @@ class VllmEngineConfig:
       seed: vLLM's global seed.
       engine_args: any other `AsyncEngineArgs` field, passed through.
     """
+
+    name: ClassVar[str] = "vllm"  # `engine.name`: its entry in engines/registry.py
 
     sync_mode: str = "partial"
     recompute_kv: bool = True

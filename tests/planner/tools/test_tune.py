@@ -93,7 +93,7 @@ def test_a_grid_larger_than_the_budget_is_sampled_and_keeps_the_base():
 
 
 def test_the_recommended_overrides_compose_into_a_valid_training_config():
-    from jaxrl_async.train import typed_config
+    from jaxrl_async.job.setup import typed_config
     from tests.helpers.train_runs import compose_train
 
     r = report("target=min_staleness", "eta=2", "max_staleness=2", "space.sync_mode=[drain]", "jobs=1",

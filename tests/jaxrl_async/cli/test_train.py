@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxrl_async.train import typed_config
+from jaxrl_async.job.setup import typed_config
 from tests.helpers import REPO
 from tests.helpers.train_runs import QUIET, compose_train
 from tests.planner.tools.test_help import keys_of
@@ -150,3 +150,10 @@ def test_an_explicit_null_policy_parameter_survives_the_config_and_a_parameter_n
 
     assert window() == ({}, 3)  # W = floor(0.3 · (2 + 1) · B=4)
     assert window("policy.window_fraction=null") == ({"window_fraction": None}, 1)
+
+
+def test_resume_to_a_path_that_holds_no_run_exits_1_in_one_line_and_creates_it_not(tmp_path):
+    typo = tmp_path / "runs" / "typo"
+    line = one_error_line(train(tmp_path, f"resume={typo}"))
+    assert line.startswith(f"error: resume={typo}: does not exist"), line
+    assert not typo.exists() and not (tmp_path / "runs").exists()
