@@ -4,7 +4,7 @@ The defaults live in the dataclasses only; `conf/` states what differs. For Hydr
 command-line override of a key, the composed config must hold that key, so each group file lists
 its dataclass's node first (`defaults: [/base/engine/jax@_here_, _self_]`) and Hydra merges the
 YAML over it. Call `register_config_nodes()` before composing `conf/` (train.py, generate.py and
-eval.py do, and so do the tests' compose helpers); the simulator's nodes are planner/simulate.py's.
+eval.py do, and so do the tests' compose helpers); the simulator's nodes are planner/tools/simulate.py's.
 
 To add a group option: its dataclass in the registry that types it (engines/registry.py,
 cluster/config.py CLUSTER_MODES, tasks TASKS) is picked up here; a new group gets a line below.

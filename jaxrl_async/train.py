@@ -76,7 +76,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     from jaxrl_async.runtime.config import RunConfig
     from jaxrl_async.trainer.config import TrainerConfig
     from planner.configs import build
-    from planner.registry import make_policy
+    from planner.registry import given_params, make_policy
     from planner.types import PlanContext
 
     plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
@@ -92,7 +92,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     name = policy.pop("name", None)
     if not isinstance(name, str):
         raise ValueError(f"policy.name={name!r}: every conf/policy/*.yaml names its policy")
-    overrides = {k: v for k, v in policy.items() if v is not None}  # null: derived from max_staleness
+    overrides = given_params(policy)  # ??? in conf/policy: not given (the default); null is a value
     # Built once here so that an unknown policy or a bad native parameter fails at start-up.
     make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps), overrides)
     engine_values = groups["engine"]
@@ -167,7 +167,7 @@ class TrainJob:
         from jaxrl_async.tasks import build_task
         from jaxrl_async.trainer.trainer import Trainer
         from planner.ledger import LEDGER_FILE
-        from planner.run_trace import TRACE_FILE
+        from planner.tools.run_trace import TRACE_FILE
 
         run = setup.run
         resuming = bool(run.resume)
@@ -238,8 +238,8 @@ class TrainJob:
         from jaxrl_async.runtime.progress import ProgressDisplay
         from planner.ledger import LEDGER_FILE, LedgerWriter
         from planner.registry import make_policy
-        from planner.run_trace import TRACE_FILE, TraceWriter
         from planner.sim.recorder import EventRecorder
+        from planner.tools.run_trace import TRACE_FILE, TraceWriter
         from planner.types import PlanContext
 
         setup, run, tokenizer = self.setup, self.setup.run, self.loaded.tokenizer
@@ -336,8 +336,8 @@ class TrainJob:
         return None
 
     def _lead(self) -> dict[str, Any]:
-        from jaxrl_async.runtime.metrics import SUMMARY_FILE, summary, write_json
-        from planner.audit import audit, audited_bound
+        from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
+        from planner.tools.audit import audit, audited_bound
 
         try:
             result = asyncio.run(self._run())
@@ -363,7 +363,8 @@ class TrainJob:
                          groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
         out = summary(result.stats, policy=self.setup.policy_name, max_staleness=run.max_staleness, staleness_bound=bound,
                       elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,
-                      generator_busy_s=result.generator_busy_s, extra=extra)
+                      generator_busy_s=result.generator_busy_s,
+                      record_s=record_times(self.run_dir / METRICS_FILE), extra=extra)
         write_json(self.run_dir / SUMMARY_FILE, out)
         return out
 

@@ -31,3 +31,7 @@ def test_the_planner_imports_neither_jax_nor_asyncio_nor_the_trainer():
 
 def test_the_runtime_does_not_import_the_cluster_package():
     assert offenders("jaxrl_async/runtime", ("jaxrl_async.cluster",)) == []
+
+
+def test_the_engines_count_tokens_with_planner_versions_not_the_driver():
+    assert offenders("jaxrl_async/engines", ("planner.driver",)) == []

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from planner.configs import check
-from planner.driver import join_runs
+from planner.versions import join_runs
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -150,7 +150,7 @@ class SampleOutput:
         precision. This is the quantity the importance ratio of RL off-policy correction needs;
         it is not the log-prob under the tempered/truncated sampling distribution.
       versions: the weight version that sampled each token of `token_ids`, run-length encoded
-        as [[version, count], ...] with counts summing to len(token_ids) (`planner.driver`'s
+        as [[version, count], ...] with counts summing to len(token_ids) (`planner.versions`'s
         run helpers keep them). With partial rollout a sample can span several versions.
       finish_reason: "stop" (a stop token was sampled), "length" (max_new_tokens reached) or
         "abort"; None until done.

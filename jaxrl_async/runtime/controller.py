@@ -73,10 +73,10 @@ from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup, from_json,
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
-from planner.driver import Held, apply_decision
+from planner.driver import apply_decision
 from planner.ledger import LEDGER_FILE, LedgerWriter
-from planner.run_trace import TRACE_FILE, TraceWriter, during_steps
-from planner.types import Admission, Candidate, Decision, Drop, Move
+from planner.tools.run_trace import TRACE_FILE, TraceWriter, during_steps
+from planner.types import Admission, Candidate, Decision, Drop, GroupState, Move
 
 GENERATING, SCORING, DONE = "generating", "scoring", "done"
 log = logging.getLogger(__name__)
@@ -357,13 +357,13 @@ class Controller:
         apply_decision(self, d, call=call, policy=self.policy.name)
 
     # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
-    def held(self, uid: int) -> Held:
+    def held(self, uid: int) -> GroupState | None:
         live = self.groups.get(uid)
         if live is None:
-            return Held.CANDIDATE if any(c.uid == uid for c, _ in self.window) else Held.NOTHING
+            return GroupState.CANDIDATE if any(c.uid == uid for c, _ in self.window) else None
         if uid in self._lost:
-            return Held.LOST
-        return Held.DONE if live.phase == DONE else Held.GENERATING
+            return GroupState.LOST
+        return GroupState.DONE if live.phase == DONE else GroupState.RUNNING
 
     def record_moves(self, moves: list[Move]) -> None:
         self.ledger.moves(moves)

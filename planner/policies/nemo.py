@@ -33,7 +33,7 @@ from planner.policies.blocks import (
     planned_batch_index,
 )
 from planner.registry import register
-from planner.types import Admission, Decision, PlanContext, Status
+from planner.types import Admission, Decision, GroupState, PlanContext
 
 
 def _check_caps(params: Any) -> None:
@@ -173,8 +173,8 @@ class NemoWeightFifo(_Gated):
         picked: list[Group] = []
         for version in sorted(cohorts):
             members = cohorts[version]
-            picked += [g for g in members if g.status == Status.DONE]
-            if len(picked) >= self.B or any(g.status != Status.DONE for g in members):
+            picked += [g for g in members if g.status == GroupState.DONE]
+            if len(picked) >= self.B or any(g.status != GroupState.DONE for g in members):
                 break  # never skip past a version that is still generating
         return Decision(drop=drops, train=first_batch(picked, self.B))
 

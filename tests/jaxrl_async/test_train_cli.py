@@ -104,3 +104,19 @@ def test_bad_group_values_are_one_line_errors(override, message):
     with pytest.raises(ValueError, match=message) as info:
         typed_config(compose_train([override]))
     assert "\n" not in str(info.value)
+
+
+def test_an_explicit_null_policy_parameter_survives_the_config_and_a_parameter_not_given_is_the_default():
+    """`policy.window_fraction=null` is torchtitan's strict FIFO, not its default 0.3."""
+    from planner.registry import make_policy
+    from planner.types import PlanContext
+
+    def window(*overrides):
+        setup = typed_config(compose_train(["policy=torchtitan_windowed_fifo", "max_staleness=2", "batch_groups=4",
+                                            *overrides]))
+        run = setup.run
+        ctx = PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps)
+        return setup.policy_overrides, make_policy(setup.policy_name, ctx, setup.policy_overrides).window_size
+
+    assert window() == ({}, 3)  # W = floor(0.3 · (2 + 1) · B=4)
+    assert window("policy.window_fraction=null") == ({"window_fraction": None}, 1)

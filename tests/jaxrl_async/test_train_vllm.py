@@ -14,7 +14,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
 from jaxrl_async.train import TrainJob, typed_config  # noqa: E402
-from planner.audit import audit  # noqa: E402
+from planner.tools.audit import audit  # noqa: E402
 from tests.helpers.train_runs import compose_train, read_jsonl  # noqa: E402
 
 ETA = 1

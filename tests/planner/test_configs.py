@@ -7,7 +7,7 @@ import pytest
 from planner.configs import MISSING, build, check, check_keys, defaults
 from planner.sim.config import FaultSpec, SimConfig, WorkerConfig
 from planner.sim.workloads import WORKLOADS
-from planner.simulate import register_config_nodes
+from planner.tools.simulate import register_config_nodes
 from tests.helpers.conf_files import CONF, composed, extends, options, restated_defaults, undocumented
 
 

@@ -20,8 +20,8 @@ from jaxrl_async.checkpoint import truncate
 from jaxrl_async.runtime.controller import DONE, GENERATING, sampling_seed
 from jaxrl_async.runtime.metrics import METRICS_FILE
 from jaxrl_async.runtime.state import from_json, to_json
-from planner.audit import audit
 from planner.ledger import LEDGER_FILE
+from planner.tools.audit import audit
 from planner.types import Admission, Decision, Drop
 from tests.helpers.controller_harness import InstantTrainer, MemoryCheckpointer, ScriptedEngine, make_controller, run
 from tests.helpers.train_runs import StepProbe, read_jsonl

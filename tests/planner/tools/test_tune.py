@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from planner.audit import audit
-from planner.simulate import SimulateConfig, run_simulation
-from planner.tune import TuneConfig, choose, compose, prepare, rank, split, tune
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, run_simulation
+from planner.tools.tune import TuneConfig, choose, compose, prepare, rank, split, tune
 from tests.helpers import REPO
 
 # A trainer-bound cluster: four workers, B=32; a step costs ~80 s, generating its batch ~60 s.
@@ -157,3 +157,14 @@ def test_a_calibration_sets_the_base_and_each_candidate_keeps_its_own_engine_slo
     assert r["base"]["max_concurrency"] == 8  # the calibration's, not the sim file's 256
     assert by_slots[8]["tokens_per_s"] == pytest.approx(r["base"]["tokens_per_s"])
     assert by_slots[256]["tokens_per_s"] > 1.5 * by_slots[8]["tokens_per_s"]  # not overwritten by the calibration
+
+
+def test_a_calibrations_compile_warm_up_is_left_out_unless_the_command_line_sets_it(tmp_path):
+    """Every candidate would pay the replay's warm-up alike: the tuner ranks the steady rate."""
+    calibration = tmp_path / "calibration.yaml"
+    calibration.write_text("sim:\n  workers: {compile_s: 2.0, t_sync: 0.5}\n  trainer: {compile_s: 3.0}\n")
+    _, base = prepare([f"calibration={calibration}"])
+    assert base["sim"]["workers"]["compile_s"] == base["sim"]["trainer"]["compile_s"] == 0.0
+    assert base["sim"]["workers"]["t_sync"] == 0.5  # the rest of the calibration stays
+    _, base = prepare([f"calibration={calibration}", "sim.trainer.compile_s=4.0"])
+    assert (base["sim"]["workers"]["compile_s"], base["sim"]["trainer"]["compile_s"]) == (0.0, 4.0)
