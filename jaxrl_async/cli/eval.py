@@ -106,7 +106,7 @@ def evaluate(config: EvalConfig, *, say: Callable[[str], None] = lambda _: None)
     if need > context:
         raise ValueError(f"the longest prompt + max_new_tokens={config.max_new_tokens} = {need} tokens exceeds the "
                          f"model's context max_position_embeddings={context}")
-    stop = tuple(dict.fromkeys((*tok.eos_token_ids, *loaded.cfg.eos_token_ids)))
+    stop = loaded.stop_token_ids
     core = EngineCore(loaded.model, loaded.cfg, EngineConfig(num_slots=config.num_slots, max_len=need,
                                                              min_bucket=min(16, need), seed=config.seed))
     t0 = time.monotonic()

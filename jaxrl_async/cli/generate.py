@@ -75,7 +75,7 @@ def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: N
     sampling = SamplingParams(
         max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
         top_k=config.top_k, seed=config.seed,
-        stop_token_ids=tuple(dict.fromkeys(tok.eos_token_ids + loaded.cfg.eos_token_ids)))
+        stop_token_ids=loaded.stop_token_ids)
     need = len(prompt_ids) + config.max_new_tokens
     context = loaded.cfg.max_position_embeddings
     if need > context:

@@ -36,7 +36,7 @@ from typing import Any
 
 from jaxrl_async.cluster.distributed import DistributedConfig
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, least_loaded, read_outputs)
+                                      SampleOutput, check_new_request_id, least_loaded, read_outputs)
 from planner.configs import check
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -386,8 +386,7 @@ class RayEngineProxy(GenerationEngine):
             await asyncio.sleep(self.poll_s / 5)
 
     async def submit(self, request: GenerationRequest) -> None:
-        if request.request_id in self._owner:
-            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        check_new_request_id(request.request_id, self._owner)
         live = await self._live_workers()
         if not live:
             raise RuntimeError("cluster: no live generation worker")

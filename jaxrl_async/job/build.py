@@ -109,7 +109,7 @@ def build_controller(setup: TrainSetup, parts: Components, engine: GenerationEng
     if run.progress != "off":
         sinks.append(ProgressDisplay(total_steps=run.steps, policy=setup.policy_name,
                                      max_staleness=run.max_staleness, mode=run.progress))
-    stop_ids = tuple(dict.fromkeys((*loaded.cfg.eos_token_ids, *tokenizer.eos_token_ids)))
+    stop_ids = loaded.stop_token_ids
     encode = task.encoder(tokenizer, loaded.chat_template)  # the held-out prompts, as training's
     controller = Controller(
         run, policy=driven, engine=engine, trainer=parts.trainer, task=task, tokenizer=tokenizer,

@@ -23,6 +23,7 @@ from jaxrl_async.models.hf_weights import save_hf
 from jaxrl_async.models.loading import LoadedModel
 from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
 from jaxrl_async.trainer.trainer import Trainer
+from jaxrl_async.trees import cast_floats
 from planner.tools.audit import audit, audited_bound
 
 
@@ -58,10 +59,8 @@ def placement_summary(setup: TrainSetup, placement: Placement) -> dict[str, Any]
 
 def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path) -> Path:
     """The trainer's final policy as HF safetensors in `run_dir/hf/`, in the model's dtype."""
-    dtype = jnp.dtype(loaded.cfg.dtype)
     # Host arrays: gathered from every process when the trainer's mesh spans them.
-    params = jax.tree.map(lambda x: jnp.asarray(x, dtype) if jnp.issubdtype(x.dtype, jnp.floating)
-                          else jnp.asarray(x), trainer.host_params())
+    params = jax.tree.map(jnp.asarray, cast_floats(trainer.host_params(), loaded.cfg.dtype))
     model = nnx.merge(trainer.graphdef, params)
     return save_hf(model, loaded.cfg, run_dir / "hf", loaded.tokenizer)
 

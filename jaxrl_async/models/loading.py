@@ -38,6 +38,14 @@ class LoadedModel:
     tokenizer: Tokenizer | None  # None only for a HF directory without tokenizer.json
     chat_template: str | None
 
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The tokens that end a sample: the model config's eos ids, then the tokenizer's that
+        are not among them (a chat model often ends a turn with a token its config does not
+        list, e.g. `<|im_end|>`). Every sampler reads this one list."""
+        tokenizer_ids = self.tokenizer.eos_token_ids if self.tokenizer is not None else ()
+        return tuple(dict.fromkeys((*self.cfg.eos_token_ids, *tokenizer_ids)))
+
 
 def build_model(cfg: ModelConfig, tensors: dict | None = None, *, seed: int = 0) -> Transformer:
     """A Transformer for `cfg`: random (seeded) when `tensors` is None, else the checked HF tensors."""

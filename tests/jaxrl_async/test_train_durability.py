@@ -265,8 +265,8 @@ def test_a_resume_with_another_model_is_one_line_naming_the_source_and_the_first
     with pytest.raises(ValueError) as info:
         resume_job(finished_run, f"model.source={other}")
     assert str(info.value) == (
-        f"resume: model.source='{other}' does not fit the checkpoint: params/layers/w_down has shape "
-        "(2, 128, 64) in the checkpoint, (2, 96, 64) in this model; resume with the checkpointed run's model")
+        f"resume: model.source='{other}' does not fit the checkpoint: params/layers/w_down is "
+        "float32[2, 128, 64] in the checkpoint; expected float32[2, 96, 64]; resume with the checkpointed run's model")
 
 
 @pytest.mark.slow
