@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jaxrl_async.engines.base import FinishReason, GenerationRequest, SampleOutput
-from planner.driver import VersionRuns, append_run
+from planner.versions import VersionRuns, append_run
 
 
 class RequestQueue:
