@@ -30,19 +30,8 @@ path, `on_group_lost(prefix_kept=False)`: its collected pieces are discarded and
 re-admission (a new request id, with its start barrier `Admission.version`) is submitted, so the
 group is regenerated from scratch, the bound holds and nothing is dropped.
 
-The side jobs have modules of their own; this one keeps the order of calls:
-
-- runtime/outbox.py: the engine calls a decision causes, sent after it is applied, and the start
-  barriers (a group never starts on weights older than its `Admission.version`).
-- runtime/tracing.py: the timing trace (`trace.jsonl`) and the engine's timings.
-- runtime/liveness.py: stall detection (`rollout.stall_timeout_s`) and its watchdog task, which
-  sends stalled groups through the same fault path and ends a hung engine's run.
-- runtime/evaluation.py: held-out evaluation (`eval.every`): when, and the figures.
-- runtime/progress.py: the ETA (which leaves the first step's compile out).
-- runtime/groups.py: the candidate window and the live groups, in the planner's `GroupState`
-  (being scored is RUNNING's last part), and their part of a checkpoint.
-- runtime/clock.py: run seconds and busy seconds, earlier segments of a resumed run included.
-- runtime/supervisor.py: the run's asyncio tasks, whose first failure ends the run.
+The side jobs have modules of their own (runtime/__init__.py lists them); this one keeps the
+order of calls. Its groups are runtime/groups.py's table, in the planner's `GroupState`.
 
 Stopping: `request_stop()` (SIGTERM, SIGINT) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
