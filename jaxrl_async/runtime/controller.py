@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_async.checkpoint import Checkpointer
-from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SamplingParams
+from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
 from jaxrl_async.runtime.clock import RunClock
 from jaxrl_async.runtime.config import RunConfig
@@ -82,12 +82,6 @@ class RunResult:
     elapsed_s: float
     trainer_busy_s: float
     generator_busy_s: float
-
-
-def _load(stats: EngineStats) -> EngineLoad:
-    """Active sequences per replica (one entry for a single engine) and slots in use."""
-    return EngineLoad(list(stats.extra.get("per_replica_active", [stats.active_slots])),
-                      stats.active_slots / max(1, stats.total_slots))
 
 
 def sampling_seed(seed: int, uid: int, attempt: int) -> int:
@@ -444,7 +438,7 @@ class Controller:
                 self._outbox.synced_to(version, still_wanted=self._collector.is_open)
                 self._apply(self.policy.on_version_synced(version=version, now=self.now()), "on_version_synced")
                 stats = await self.engine.stats()
-                self._apply(self.policy.on_engine_stats(kv_usage=_load(stats).usage, queued=stats.queued,
+                self._apply(self.policy.on_engine_stats(kv_usage=EngineLoad.of(stats).usage, queued=stats.queued,
                                                         now=self.now()), "on_engine_stats")
                 if self._evals.due(self.step):
                     await self._start_eval(version)
@@ -499,7 +493,7 @@ class Controller:
         eta_s = self._eta.step_done(self.step, time.monotonic())  # None at the first: it compiled
         record = step_record(
             step, metrics, hist, [len(s.token_ids) for g in groups for s in g.samples], stats, timing,
-            previous=previous, engine=_load(await self.engine.stats()), inflight_groups=self.groups_in_flight(),
+            previous=previous, engine=EngineLoad.of(await self.engine.stats()), inflight_groups=self.groups_in_flight(),
             done_groups=self.table.done(), eta_s=eta_s)
         record.update(self._evals.take_pending())  # the latest finished evaluation, once
         for sink in self.sinks:

@@ -4,9 +4,9 @@
 import pytest
 
 from jaxrl_async.runtime.groups import DONE, GENERATING, SCORING, GroupTable, LiveGroup
+from jaxrl_async.runtime.metrics import RunStats
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutSample
 from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup
-from jaxrl_async.runtime.metrics import RunStats
 from jaxrl_async.tasks.base import Prompt
 from planner.types import GroupState
 
