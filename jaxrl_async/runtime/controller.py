@@ -68,7 +68,7 @@ from jaxrl_async.runtime.metrics import METRICS_FILE, EngineLoad, MetricsSink, R
 from jaxrl_async.runtime.outbox import EngineOutbox
 from jaxrl_async.runtime.progress import Eta
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
-from jaxrl_async.runtime.scoring import RewardErrorLog, score_group
+from jaxrl_async.runtime.scoring import RewardErrorLog, RewardFailureError, RewardFailureGate, score_group
 from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup, from_json, to_json
 from jaxrl_async.runtime.supervisor import TaskSupervisor
 from jaxrl_async.runtime.tracing import RunTracer
@@ -162,6 +162,8 @@ class Controller:
         self._evals = EvalScheduler(list(eval_prompts or []), cfg.eval.every, max_new_tokens=cfg.max_new_tokens,
                                     stop_token_ids=self.stop_token_ids)
         self._reward_log = RewardErrorLog()
+        self._reward_failure: RewardFailureError | None = None  # the run stops with it (scoring.py)
+        self._reward_gate = RewardFailureGate(task.cfg.max_reward_failure_rate, cfg.batch_groups * cfg.group_size)
         self.trace = trace
         self.trace_meta = dict(trace_meta or {})  # the `run` line's engine and planner settings
         self._tracer = RunTracer(trace, self.now)
@@ -226,6 +228,8 @@ class Controller:
                 self._tasks.spawn(watch_stalls, self._watch, self)
             self._tasks.spawn(self._begin)
             await self._tasks.wait()
+            if self._reward_failure is not None:
+                raise self._reward_failure
             return await self._result()
         finally:
             await self._tasks.cancel_all()
@@ -442,6 +446,12 @@ class Controller:
             self.stats.rewards_scored += len(result.rewards)
             self.stats.reward_errors += len(result.errors)
             self._reward_log.record(self.stats.reward_errors_by_type, rollout.uid, result.errors)
+            too_many = self._reward_gate.add(result)
+            if too_many is not None:  # before the policy hears of the group: it never reaches a batch
+                self._reward_failure = self._reward_failure or RewardFailureError(
+                    f"{too_many}; checkpointed: fix the reward function and resume={self.run_dir}")
+                self.request_stop()  # the checkpoint at the step boundary; `run` then raises the error
+                return
             live.phase = DONE
             self._ask = True
             self._apply(self.policy.on_group_finished(uid=rollout.uid, versions=rollout.token_versions(),
