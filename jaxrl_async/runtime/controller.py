@@ -68,7 +68,7 @@ from jaxrl_async.runtime.metrics import METRICS_FILE, EngineLoad, MetricsSink, R
 from jaxrl_async.runtime.outbox import EngineOutbox
 from jaxrl_async.runtime.progress import Eta
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
-from jaxrl_async.runtime.scoring import RewardErrorLog, RewardFailureError, RewardFailureGate, score_group
+from jaxrl_async.runtime.scoring import GroupScore, RewardErrorLog, RewardFailureError, RewardFailureGate, score_group
 from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup, from_json, to_json
 from jaxrl_async.runtime.supervisor import TaskSupervisor
 from jaxrl_async.runtime.tracing import RunTracer
@@ -243,6 +243,7 @@ class Controller:
         """Regenerate the groups a restart interrupted, then the first admissions; then, before
         the first step, the base model's evaluation (behind those admissions, runtime/evaluation.py)."""
         async with self.lock:
+            await self._rescore_failed()
             for uid in self._lost_on_resume:
                 self._regenerate(uid)
             self._lost_on_resume = []
@@ -442,22 +443,37 @@ class Controller:
             rollout = live.rollout
             if self.groups.get(rollout.uid) is not live:
                 return  # dropped while scoring
-            rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
-            self.stats.rewards_scored += len(result.rewards)
-            self.stats.reward_errors += len(result.errors)
-            self._reward_log.record(self.stats.reward_errors_by_type, rollout.uid, result.errors)
-            too_many = self._reward_gate.add(result)
-            if too_many is not None:  # before the policy hears of the group: it never reaches a batch
-                self._reward_failure = self._reward_failure or RewardFailureError(
-                    f"{too_many}; checkpointed: fix the reward function and resume={self.run_dir}")
-                self.request_stop()  # the checkpoint at the step boundary; `run` then raises the error
-                return
+            if not self._rewarded(live, result):
+                return  # too many failed: the run stops before the policy hears of the group
             live.phase = DONE
             self._ask = True
             self._apply(self.policy.on_group_finished(uid=rollout.uid, versions=rollout.token_versions(),
                                                       now=self.now(), last_versions=rollout.last_versions()),
                         "on_group_finished")
             await self.after_event()
+
+    def _rewarded(self, live: LiveGroup, result: GroupScore) -> bool:
+        """Give the group its rewards and count their failures (runtime/scoring.py); False, with the
+        run stopping (a checkpoint at the step boundary, then `run` raises), when too many failed."""
+        rollout = live.rollout
+        rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
+        self.stats.rewards_scored += len(result.rewards)
+        self.stats.reward_errors += len(result.errors)
+        self._reward_log.record(self.stats.reward_errors_by_type, rollout.uid, result.errors)
+        too_many = self._reward_gate.add(result)
+        if too_many is not None:
+            self._reward_failure = self._reward_failure or RewardFailureError(
+                f"{too_many}; checkpointed: fix the reward function and resume={self.run_dir}")
+            self.request_stop()
+        return too_many is None
+
+    async def _rescore_failed(self) -> None:
+        """A checkpoint's done groups whose rewards failed (the run may have stopped for them) are
+        scored again before any batch: a fixed reward function gives them their real rewards."""
+        failed = [g for g in self.groups.values() if g.phase == DONE and g.rollout.reward_errors]
+        scores = await asyncio.gather(*(score_group(self.task, self.tokenizer, g.prompt, g.rollout) for g in failed))
+        for live, result in zip(failed, scores):
+            self._rewarded(live, result)
 
     # ================================================================== training
     def train_batch(self, uids: list[int]) -> None:
