@@ -6,8 +6,8 @@ import os
 import threading
 import time
 from multiprocessing import forkserver
+from pathlib import Path
 
-import psutil
 import pytest
 
 from jaxrl_async.tasks.reward_pool import RewardPool
@@ -48,10 +48,19 @@ def worker_pid(prompt_text: str, completion_text: str, answer) -> float:
     return float(os.getpid())
 
 
-def _workers() -> list[psutil.Process]:
-    """The live processes the fork server has forked for this test process: the reward workers."""
-    server = psutil.Process(forkserver._forkserver._forkserver_pid)
-    return [p for p in server.children() if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+def _workers() -> list[int]:
+    """Pids of the live (not zombie) processes the fork server forked for this test process: the
+    reward workers, read from /proc."""
+    server = forkserver._forkserver._forkserver_pid
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # the process ended meanwhile
+            continue
+        if int(fields[1]) == server and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 def test_a_hung_call_is_killed_at_its_deadline_and_the_working_prompts_score_their_real_values():
