@@ -125,7 +125,7 @@ class RewardPool:
             raise ValueError(f"RewardPool.workers={workers!r}: must be an int >= 1")
         self.fn_path, self.timeout_s, self.workers = fn_path, float(timeout_s), workers
         self.start_timeout_s = float(start_timeout_s)
-        self._name = fn_path.replace(":", ".").rpartition(".")[2]
+        self._name = fn_path  # as the user typed it: the log names the function unambiguously
         self._idle: list[_Worker] = []
         self._all: set[_Worker] = set()
         self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
