@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from jaxrl_async.tasks.reward_pool import RewardPool
-from jaxrl_async.tasks.rewards import RewardResult, RewardRunner, load_reward_fn
+from jaxrl_async.tasks.rewards import RewardResult, RewardRunner
 from jaxrl_async.tasks.stream import PromptStream
 from jaxrl_async.tokenizer import Tokenizer
 from planner.configs import build, check

@@ -18,11 +18,12 @@ either is the function's own value or is marked as failed (`RewardResult.error`)
 Workers come from the `forkserver` context: the parent runs JAX and asyncio threads, and a plain
 `fork` of a threaded process may deadlock in the child; `spawn` would re-import the entry point
 (`jaxrl_async.train`, hence JAX) in every worker, and a killed worker is replaced often. The
-fork server is itself a fresh single-threaded process, so its forks are cheap and safe. Workers
-start lazily (a task that never scores through the pool starts none), ignore SIGINT (Ctrl-C is
-the parent's to handle) and are killed at exit. A worker's start-up (importing the function's
-module) does not count against a call's deadline; a worker that cannot start within
-`start_timeout_s` fails that call with `worker_start`.
+fork server is a fresh single-threaded process that preloads only `jaxrl_async.reward_worker`
+(standard library only), so a worker is a cheap fork that then imports the function's module —
+a heavy module costs that import in each fresh worker. Workers start lazily (a task that never
+scores through the pool starts none), ignore SIGINT (Ctrl-C is the parent's to handle) and are
+killed at exit. A worker's start-up does not count against a call's deadline; a worker that
+cannot start within `start_timeout_s` fails that call with `worker_start`.
 
 Simplifications: a reward function that starts processes of its own leaves them running when its
 worker is killed; arguments and the return value must pickle (strings, JSON values, numbers).
@@ -32,43 +33,16 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import inspect
 import multiprocessing
-import signal
 import weakref
-from multiprocessing.connection import Connection
 from typing import Any
 
-from jaxrl_async.tasks.rewards import TIMEOUT, RewardResult, checked, load_reward_fn
+from jaxrl_async import reward_worker
+from jaxrl_async.reward_worker import load_reward_fn
+from jaxrl_async.tasks.rewards import TIMEOUT, RewardResult, checked
 
 WORKER_DIED, WORKER_START = "worker_died", "worker_start"
 _CONTEXT = "forkserver"
-
-
-def _serve(conn: Connection, fn_path: str) -> None:
-    """A worker's loop: load the function, say ready, then answer one call at a time."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        fn = load_reward_fn(fn_path)
-    except BaseException as e:  # noqa: BLE001 -- reported to the parent, which fails the call
-        conn.send(("start_error", f"{type(e).__name__}: {e}"))
-        return
-    conn.send(("ready", None))
-    is_async = inspect.iscoroutinefunction(fn)
-    while True:
-        try:
-            args = conn.recv()
-        except EOFError:  # the parent closed the pipe: the pool is done
-            return
-        try:
-            value = asyncio.run(fn(*args)) if is_async else fn(*args)
-            reply = ("ok", value)
-        except Exception as e:  # noqa: BLE001 -- any failure of user code is one failed reward
-            reply = ("raised", (type(e).__name__, str(e)))
-        try:
-            conn.send(reply)
-        except Exception as e:  # noqa: BLE001 -- an unpicklable return value
-            conn.send(("raised", (type(e).__name__, f"return value cannot be sent back: {e}")))
 
 
 class _Worker:
@@ -76,12 +50,12 @@ class _Worker:
 
     def __init__(self, fn_path: str, name: str) -> None:
         ctx = multiprocessing.get_context(_CONTEXT)
-        # The fork server imports this module (and with it the runtime's imports) once; each worker
-        # is then a cheap fork of it, not a fresh interpreter importing JAX. Not '__main__': the
-        # entry point has nothing a worker needs.
-        ctx.set_forkserver_preload([__name__])
+        # The fork server imports only the light worker module, once; each worker is a cheap fork
+        # of it that imports the function's module. Not '__main__': the entry point (JAX) has
+        # nothing a worker needs.
+        ctx.set_forkserver_preload([reward_worker.__name__])
         self.conn, child = ctx.Pipe()
-        self.process = ctx.Process(target=_serve, args=(child, fn_path), name=name, daemon=True)
+        self.process = ctx.Process(target=reward_worker.serve, args=(child, fn_path), name=name, daemon=True)
         self.process.start()
         child.close()
         self.ready = False

@@ -23,13 +23,14 @@ A path that does not resolve to a callable is a start-up `ValueError`.
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from numbers import Real
 from typing import Any
+
+from jaxrl_async.reward_worker import load_reward_fn  # noqa: F401 -- the tasks' name for it
 
 TIMEOUT, NOT_A_NUMBER, NOT_FINITE = "timeout", "not_a_number", "not_finite"
 FALLBACK = 0.0  # the reward of a failed call: a legal, uninformative GRPO signal for its group
@@ -78,26 +79,3 @@ class RewardRunner:
         except Exception as e:  # noqa: BLE001 -- any failure of a reward is one failed reward
             return RewardResult(FALLBACK, f"reward {self._name} raised {type(e).__name__}: {e}", type(e).__name__)
         return checked(self._name, value)
-
-
-def load_reward_fn(path: str) -> Callable[..., Any]:
-    """`pkg.module:function` or `pkg.module.function` -> the callable; anything else raises."""
-    if not isinstance(path, str) or not path:
-        raise ValueError(f"reward_fn={path!r}: must be a dotted path 'module:function' or 'module.function'")
-    module_name, sep, attr = path.partition(":")
-    if not sep:
-        module_name, _, attr = path.rpartition(".")
-    if not module_name or not attr:
-        raise ValueError(f"reward_fn={path!r}: must be a dotted path 'module:function' or 'module.function'")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"reward_fn={path!r}: cannot import module {module_name!r} ({e})") from e
-    fn = module
-    for part in attr.split("."):
-        if not hasattr(fn, part):
-            raise ValueError(f"reward_fn={path!r}: module {module_name!r} has no attribute {attr!r}")
-        fn = getattr(fn, part)
-    if not callable(fn):
-        raise ValueError(f"reward_fn={path!r}: {attr!r} is a {type(fn).__name__}, not a function")
-    return fn

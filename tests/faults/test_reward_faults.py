@@ -12,41 +12,21 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import REPO
+from tests.helpers.reward_fns import FIXED, WORKING
 from tests.helpers.train_runs import QUIET
 
 pytestmark = pytest.mark.slow
 
-HERE = "tests.faults.test_reward_faults"
-WORKING = 0.5  # every working prompt's reward: a real value that a fabricated 0.0 cannot match
-FIXED = "REWARD_FAULTS_FIXED"  # set: the reward function works for every prompt (the operator fixed it)
+HERE = "tests.helpers.reward_fns"  # light to import: a killed worker's replacement starts at once
 SMALL = ["steps=3", "batch_groups=4", "group_size=2", "max_new_tokens=4", "max_staleness=1"]
 # One prompt in 8 starts with "c", one with "b", the others with neither.
 PROMPTS = ["apple", "cherry", "avocado", "banana", "apricot", "almond", "acai", "artichoke"]
-
-
-def hangs_on_c(prompt_text: str, completion_text: str, answer) -> float:
-    if prompt_text.startswith("c"):
-        threading.Event().wait()
-    return WORKING
-
-
-def raises_on_b(prompt_text: str, completion_text: str, answer) -> float:
-    if prompt_text.startswith("b"):
-        raise ValueError(f"no reference answer for {prompt_text!r}")
-    return WORKING
-
-
-def fails_unless_apple(prompt_text: str, completion_text: str, answer) -> float:
-    if prompt_text != "apple" and not os.environ.get(FIXED):
-        raise ConnectionError("reward service unavailable")
-    return WORKING
 
 
 def _train(tmp_path: Path, fn: str, *extra: str, env: dict | None = None, timeout_s: float = 400):
@@ -83,7 +63,7 @@ def _assert_rewards_real(run_dir: Path, fails) -> list[float]:
 
 
 def test_a_reward_that_hangs_on_some_prompts_is_killed_and_the_others_train_on_their_real_rewards(tmp_path):
-    proc, wall_s, run_dir = _train(tmp_path, "hangs_on_c", "task.reward_timeout_s=1")
+    proc, wall_s, run_dir = _train(tmp_path, "hangs_on_c_else_working", "task.reward_timeout_s=1")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wall_s < 300, wall_s
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -100,7 +80,7 @@ def test_a_reward_that_hangs_on_some_prompts_is_killed_and_the_others_train_on_t
 
 
 def test_a_raising_reward_falls_back_for_its_samples_only(tmp_path):
-    proc, wall_s, run_dir = _train(tmp_path, "raises_on_b")
+    proc, wall_s, run_dir = _train(tmp_path, "raises_on_b_else_working")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert wall_s < 300, wall_s
     summary = json.loads((run_dir / "summary.json").read_text())
