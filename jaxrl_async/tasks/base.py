@@ -157,11 +157,6 @@ class Task(abc.ABC):
             return await self._pool(prompt.answer, completion_text)
         return await self._own_reward(prompt, completion_text, completion_ids)
 
-    def close(self) -> None:
-        """Stop the reward worker processes (they also stop at exit)."""
-        if self._pool is not None:
-            self._pool.close()
-
     def make_stream(self, tokenizer: Tokenizer, chat_template: str | None, *, seed: int,
                     shuffle: bool = True, num_epochs: int | None = None) -> PromptStream:
         """Tokenized prompts of `examples()`; `chat_template` None sends the raw content."""
