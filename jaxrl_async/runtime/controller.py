@@ -61,7 +61,7 @@ from jaxrl_async.runtime.metrics import METRICS_FILE, EngineLoad, MetricsSink, R
 from jaxrl_async.runtime.outbox import EngineOutbox
 from jaxrl_async.runtime.progress import Eta
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
-from jaxrl_async.runtime.scoring import RewardErrorLog, score_group
+from jaxrl_async.runtime.scoring import GroupScore, RewardErrorLog, RewardFailureError, RewardFailureGate, score_group
 from jaxrl_async.runtime.state import ControllerSnapshot, from_json, to_json
 from jaxrl_async.runtime.supervisor import TaskSupervisor
 from jaxrl_async.runtime.tracing import RunTracer
@@ -131,6 +131,8 @@ class Controller:
         self._evals = EvalScheduler(list(eval_prompts or []), cfg.eval.every, max_new_tokens=cfg.max_new_tokens,
                                     stop_token_ids=self.stop_token_ids)
         self._reward_log = RewardErrorLog()
+        self._reward_failure: RewardFailureError | None = None  # the run stops with it (scoring.py)
+        self._reward_gate = RewardFailureGate(task.cfg.max_reward_failure_rate, cfg.batch_groups * cfg.group_size)
         self.trace = trace
         self.trace_meta = dict(trace_meta or {})  # the `run` line's engine and planner settings
         self._tracer = RunTracer(trace, self.now)
@@ -189,6 +191,8 @@ class Controller:
                 self._tasks.spawn(watch_stalls, self._watch, self)
             self._tasks.spawn(self._begin)
             await self._tasks.wait()
+            if self._reward_failure is not None:
+                raise self._reward_failure
             return await self._result()
         finally:
             await self._tasks.cancel_all()
@@ -202,6 +206,7 @@ class Controller:
         """Regenerate the groups a restart interrupted, then the first admissions; then, before
         the first step, the base model's evaluation (behind those admissions, runtime/evaluation.py)."""
         async with self.lock:
+            await self._rescore_failed()
             for uid in self.table.lost_on_resume:
                 self._regenerate(uid)
             self.table.lost_on_resume = []
@@ -378,16 +383,37 @@ class Controller:
             rollout = live.rollout
             if self.table.groups.get(rollout.uid) is not live:
                 return  # dropped while scoring
-            rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
-            self.stats.rewards_scored += len(result.rewards)
-            self.stats.reward_errors += len(result.errors)
-            self._reward_log.record(self.stats.reward_errors_by_type, rollout.uid, result.errors)
+            if not self._rewarded(live, result):
+                return  # too many failed: the run stops before the policy hears of the group
             live.state, live.scoring = GroupState.DONE, False
             self._ask = True
             self._apply(self.policy.on_group_finished(uid=rollout.uid, versions=rollout.token_versions(),
                                                       now=self.now(), last_versions=rollout.last_versions()),
                         "on_group_finished")
             await self.after_event()
+
+    def _rewarded(self, live: LiveGroup, result: GroupScore) -> bool:
+        """Give the group its rewards and count their failures (runtime/scoring.py); False, with the
+        run stopping (a checkpoint at the step boundary, then `run` raises), when too many failed."""
+        rollout = live.rollout
+        rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
+        self.stats.rewards_scored += len(result.rewards)
+        self.stats.reward_errors += len(result.errors)
+        self._reward_log.record(self.stats.reward_errors_by_type, rollout.uid, result.errors)
+        too_many = self._reward_gate.add(result)
+        if too_many is not None:
+            self._reward_failure = self._reward_failure or RewardFailureError(
+                f"{too_many}; checkpointed: fix the reward function and resume={self.run_dir}")
+            self.request_stop()
+        return too_many is None
+
+    async def _rescore_failed(self) -> None:
+        """A checkpoint's done groups whose rewards failed (the run may have stopped for them) are
+        scored again before any batch: a fixed reward function gives them their real rewards."""
+        failed = [g for g in self.table.groups.values() if g.state == GroupState.DONE and g.rollout.reward_errors]
+        scores = await asyncio.gather(*(score_group(self.task, self.tokenizer, g.prompt, g.rollout) for g in failed))
+        for live, result in zip(failed, scores):
+            self._rewarded(live, result)
 
     # ================================================================== training
     def train_batch(self, uids: list[int]) -> None:
