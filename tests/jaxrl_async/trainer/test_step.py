@@ -118,7 +118,8 @@ def test_chunked_logprobs_and_entropy_equal_the_whole_logits(dtype, atol):
 
 def test_chunked_logits_shrink_the_compiled_step_temporaries():
     """A vocabulary large enough that the logits dominate: 8 x 64 tokens x 4096 f32 logits are 8 MiB
-    an array; chunks of 64 tokens hold 1 MiB."""
+    an array, chunks of 64 tokens 1 MiB. Chunks cut the temporaries 4.5x here; without
+    `jax.checkpoint` on the chunk the map would save every chunk's softmax (2.4x)."""
     graphdef, params = model(False, vocab=4096)
     batch = make_batch(seq=64, vocab=4096)
 
@@ -128,4 +129,4 @@ def test_chunked_logits_shrink_the_compiled_step_temporaries():
         return compiled.memory_analysis().temp_size_in_bytes
 
     whole, chunked = temp_bytes(0), temp_bytes(64)
-    assert chunked * 2 < whole, (chunked, whole)
+    assert chunked * 3 < whole, (chunked, whole)
