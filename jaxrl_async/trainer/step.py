@@ -78,11 +78,14 @@ def chunked_token_stats(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     targets = jnp.pad(targets, ((0, 0), (0, pad)))
     # [B, n*C, ...] -> [n, B, C, ...]: chunk j holds positions [j*C, (j+1)*C) of every row.
     xs = (hidden.reshape(rows, n, c, -1).swapaxes(0, 1), targets.reshape(rows, n, c).swapaxes(0, 1))
+    # The map sums the head's gradient over the chunks in its closed-over operand's dtype: float32,
+    # so that a bfloat16 head is not rounded once per chunk; the matmul still runs in `head.dtype`.
+    head32 = head.astype(jnp.float32)
 
     @jax.checkpoint
     def one_chunk(x):
         h, t = x  # [B, C, E], [B, C]
-        token_logp, entropy = _token_stats(project_logits(h, head), t)
+        token_logp, entropy = _token_stats(project_logits(h, head32.astype(head.dtype)), t)
         return token_logp, jax.lax.stop_gradient(entropy)
 
     token_logp, entropy = jax.lax.map(one_chunk, xs)  # [n, B, C]
