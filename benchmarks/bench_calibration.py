@@ -24,8 +24,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.calibrate import CALIBRATION_FILE, calibrate  # noqa: E402
-from planner.fidelity import compare  # noqa: E402
+from planner.tools.calibrate import CALIBRATION_FILE, calibrate  # noqa: E402
+from planner.tools.fidelity import compare  # noqa: E402
 
 POLICIES = ("lookahead", "nemo_in_order", "areal")
 CONFIGS = {

@@ -38,10 +38,10 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
-from planner.audit import audit
-from planner.compare import compose, no_drop_bound
 from planner.registry import POLICIES, policy_class
-from planner.simulate import run_simulation
+from planner.tools.audit import audit
+from planner.tools.compare import compose, no_drop_bound
+from planner.tools.simulate import run_simulation
 
 # A 512-prompt dataset (B=32: an epoch every 16 steps), so prompts recur as in multi-epoch RL.
 DATASET = "workload.num_prompts=512"

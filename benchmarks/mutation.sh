@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of the planner's core and the controller's fault/resume path (issue 11 item 3).
 #
-#   benchmarks/mutation.sh [MODULE ...]      MODULE: feasibility lookahead ledger audit controller
-#                                           (default: all five; results in benchmarks/results/mutation.md)
+#   benchmarks/mutation.sh [MODULE ...]      MODULE: feasibility lookahead ledger audit controller outbox
+#                                           (default: all six; results in benchmarks/results/mutation.md)
 #
 # Not run in CI: a module takes minutes to tens of minutes (each mutant reruns the tests that
 # reach its function). Needs mutmut 3.x: pip install -e '.[mutation]'.
@@ -37,21 +37,25 @@ GLOBS[lookahead]='planner.policies.lookahead.*'
 TESTS[lookahead]='tests/planner/test_feasibility.py tests/planner/policies/test_lookahead.py tests/planner/policies/test_lookahead_faults.py tests/planner/policies/test_lookahead_admission.py'
 FILE[ledger]=planner/ledger.py
 GLOBS[ledger]='planner.ledger.*'
-TESTS[ledger]='tests/planner/test_ledger.py tests/planner/test_audit.py'
-FILE[audit]=planner/audit.py
-GLOBS[audit]='planner.audit.*'
-TESTS[audit]='tests/planner/test_audit.py'
+TESTS[ledger]='tests/planner/test_ledger.py tests/planner/tools/test_audit.py'
+FILE[audit]=planner/tools/audit.py
+GLOBS[audit]='planner.tools.audit.*'
+TESTS[audit]='tests/planner/tools/test_audit.py'
 FILE[controller]=jaxrl_async/runtime/controller.py
 GLOBS[controller]="${C}_regenerate__mutmut_* ${C}_regenerate_lost__mutmut_* ${C}admit_group__mutmut_* \
-${C}_release_held__mutmut_* ${C}restore__mutmut_* ${C}_begin__mutmut_* ${C}snapshot__mutmut_* \
+${C}restore__mutmut_* ${C}_begin__mutmut_* ${C}snapshot__mutmut_* \
 ${C}save_checkpoint__mutmut_* ${C}load_checkpoint_meta__mutmut_* ${C}drop_group__mutmut_*"
 TESTS[controller]='tests/jaxrl_async/runtime/test_controller_fault_path.py'
+# The start barriers (the controller's former _release_held) live in the outbox.
+FILE[outbox]=jaxrl_async/runtime/outbox.py
+GLOBS[outbox]='jaxrl_async.runtime.outbox.*'
+TESTS[outbox]='tests/jaxrl_async/runtime/test_outbox.py tests/jaxrl_async/runtime/test_controller_fault_path.py'
 
 toml_list() { local out="" x; for x in "$@"; do out+="\"$x\", "; done; echo "[${out%, }]"; }
 
 run_module() {
     local m=$1 dir="$WORK/$1"
-    [ -n "${FILE[$m]:-}" ] || { echo "error: unknown module '$m' (feasibility lookahead ledger audit controller)" >&2; exit 2; }
+    [ -n "${FILE[$m]:-}" ] || { echo "error: unknown module '$m' (feasibility lookahead ledger audit controller outbox)" >&2; exit 2; }
     # A fresh copy of the tree; MUTATION_KEEP=1 keeps mutants/ and mutmut's results (only for
     # reruns after a product change: mutmut does not rerun a mutant because a test changed).
     if [ "${MUTATION_KEEP:-0}" != 1 ]; then rm -rf "$dir"; fi
@@ -76,5 +80,5 @@ EOF
 }
 
 modules=("$@")
-[ ${#modules[@]} -gt 0 ] || modules=(feasibility lookahead ledger audit controller)
+[ ${#modules[@]} -gt 0 ] || modules=(feasibility lookahead ledger audit controller outbox)
 for m in "${modules[@]}"; do run_module "$m"; done

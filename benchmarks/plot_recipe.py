@@ -20,13 +20,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxrl_async.eval import EvalConfig, evaluate  # noqa: E402
+from jaxrl_async.cli.eval import EvalConfig, evaluate  # noqa: E402
 from jaxrl_async.models.loading import ModelSpec  # noqa: E402
 
 
 def held_out_pass_at_1(source: str, run: dict) -> float:
     config = EvalConfig(model=ModelSpec(source=source), task=dict(run["task"]), max_new_tokens=run["max_new_tokens"])
-    return evaluate(config)[0].pass_at_1
+    return evaluate(config)[0].greedy_pass_at_1
 
 
 def smooth(values: list[float], k: int = 5) -> list[float]:
@@ -49,7 +49,10 @@ def main() -> None:
         if base is None:
             base = held_out_pass_at_1(run["model"]["source"], run)
         final = held_out_pass_at_1(str(run_dir / "hf"), run)
-        evals = [(0, base)] + [(r["eval/version"], r["eval/pass_at_1"]) for r in records if "eval/pass_at_1" in r]
+        evals = [(r["eval/version"], r["eval/pass_at_1"]) for r in records if "eval/pass_at_1" in r]
+        # The base model: the run's own first evaluation (eval/version 0), else the CLI's figure.
+        if not evals or evals[0][0] != 0:
+            evals.insert(0, (0, base))
         evals.append((summary["steps"], final))
         curves.append((run["seed"], [r["reward_mean"] for r in records], evals))
         rows.append((run["seed"], base, final, summary["elapsed_s"], summary["max_token_staleness"],

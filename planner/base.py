@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from planner.configs import check_keys
-from planner.types import Admission, Candidate, Decision, Drop, Move, PlanContext, Status, Versions
+from planner.types import Admission, Candidate, Decision, Drop, GroupState, Move, PlanContext, Versions
 
 
 @runtime_checkable
@@ -75,7 +75,7 @@ class Group:
     seq: int  # admission order (FIFO tie-break)
     admit_version: int  # a(g): lower bound of every token's version
     admit_step: int  # trainer step at admission (verl's `global_steps`)
-    status: Status = Status.QUEUED
+    status: GroupState = GroupState.QUEUED
     start_version: int | None = None  # weights the engine held when it started
     deadline: int | None = None
     planned_step: int | None = None
@@ -105,7 +105,7 @@ class Group:
     @classmethod
     def from_json(cls, d: Mapping[str, Any]) -> Group:
         d = dict(d)
-        d["status"] = Status(d["status"])
+        d["status"] = GroupState(d["status"])
         d["versions"] = {int(v): int(t) for v, t in d["versions"]}
         d["last_versions"] = tuple(d["last_versions"])
         return cls(**d)
@@ -147,10 +147,21 @@ class PolicyBase:
 
     @classmethod
     def build(cls, ctx: PlanContext, overrides: Mapping[str, Any] | None = None) -> PolicyBase:
-        """Make the policy from the common context plus `policy.<native name>` overrides."""
+        """Make the policy from the common context plus `policy.<native name>` overrides.
+
+        A parameter absent from `overrides` takes the policy's default: `default_params` (derived
+        from max_staleness) over the Params dataclass's own. A parameter present is that value,
+        None included: null is a value of the parameters whose type admits it (torchtitan's
+        `window_fraction: null` is strict FIFO, not the default 0.3) and an error for the others,
+        so "not given" and "null" never mean the same thing (`planner.registry.given_params`).
+        """
         overrides = dict(overrides or {})
-        check_keys(overrides, (f.name for f in dataclasses.fields(cls.Params)), "policy",
-                   what=f"parameter of policy '{cls.name}'")
+        fields = {f.name: f for f in dataclasses.fields(cls.Params)}
+        check_keys(overrides, fields, "policy", what=f"parameter of policy '{cls.name}'")
+        for key, value in overrides.items():
+            if value is None and "None" not in str(fields[key].type):
+                raise ValueError(f"policy.{key}=null: policy '{cls.name}' takes no null here "
+                                 f"(leave it ??? for its default)")
         return cls(ctx, cls.Params(**{**cls.default_params(ctx), **overrides}))
 
     # ----------------------------------------------------------------- views
@@ -228,13 +239,13 @@ class PolicyBase:
     def drop(self, uid: int, reason: str) -> Drop:
         """Mark `uid` dropped and return the record the driver applies."""
         g = self.groups[uid]
-        if g.status in (Status.QUEUED, Status.RUNNING):
+        if g.status in (GroupState.QUEUED, GroupState.RUNNING):
             self._inflight -= 1
-        elif g.status == Status.DONE:
+        elif g.status == GroupState.DONE:
             del self._done[uid]
         else:
             raise AssertionError(f"group {uid} dropped twice or after training (status {g.status.name})")
-        g.status = Status.DROPPED
+        g.status = GroupState.DROPPED
         del self.groups[uid]  # finished groups leave the table: memory and checkpoints stay O(|U|)
         self.dropped_total += 1
         return Drop(uid, self.step, reason)
@@ -244,7 +255,7 @@ class PolicyBase:
         out = []
         for uid in uids:
             g = self._done.pop(uid)
-            g.status = Status.TRAINED
+            g.status = GroupState.TRAINED
             del self.groups[uid]
             out.append(uid)
         self.trained_total += len(out)
@@ -286,8 +297,8 @@ class PolicyBase:
 
     def on_group_started(self, *, uid: int, version: int, now: float) -> Decision:
         g = self.groups.get(uid)
-        if g is not None and g.status == Status.QUEUED:
-            g.status = Status.RUNNING
+        if g is not None and g.status == GroupState.QUEUED:
+            g.status = GroupState.RUNNING
             if g.start_version is None:
                 g.start_version = version
         return Decision()
@@ -303,13 +314,13 @@ class PolicyBase:
         self, *, uid: int, versions: Versions, now: float, last_versions: Sequence[int] = ()
     ) -> Decision:
         g = self.groups.get(uid)
-        if g is None or g.status not in (Status.QUEUED, Status.RUNNING):
+        if g is None or g.status not in (GroupState.QUEUED, GroupState.RUNNING):
             return Decision()  # a cancelled group's late completion
         g.versions = {}
         for v, t in versions:
             g.versions[v] = g.versions.get(v, 0) + t
         g.last_versions = tuple(last_versions) or ((max(g.versions),) if g.versions else ())
-        g.status = Status.DONE
+        g.status = GroupState.DONE
         g.finish_seq = self._finish_seq
         self._finish_seq += 1
         self._inflight -= 1
@@ -347,9 +358,9 @@ class PolicyBase:
     def on_group_lost(self, *, uid: int, prefix_kept: bool, now: float) -> Decision:
         """Resume (prefix kept: same admission) or regenerate (re-admitted at the synced version)."""
         g = self.groups.get(uid)
-        if g is None or g.status not in (Status.QUEUED, Status.RUNNING):
+        if g is None or g.status not in (GroupState.QUEUED, GroupState.RUNNING):
             return Decision()
-        g.status = Status.QUEUED
+        g.status = GroupState.QUEUED
         if not prefix_kept:
             g.versions = {}
             g.admit_version = max(g.admit_version, self.synced)
@@ -398,5 +409,5 @@ class PolicyBase:
             g = Group.from_json(d)
             self.groups[g.uid] = g
         self._done = {uid: self.groups[uid] for uid in state["done_order"]}
-        self._inflight = sum(g.status in (Status.QUEUED, Status.RUNNING) for g in self.groups.values())
+        self._inflight = sum(g.status in (GroupState.QUEUED, GroupState.RUNNING) for g in self.groups.values())
         self.load_extra_state(state["extra"])

@@ -98,14 +98,28 @@ class Decision:
         return bool(self.admit or self.drop or self.moves or self.train is not None)
 
 
-class Status(enum.IntEnum):
-    """Life of a group inside a policy's table."""
+class GroupState(enum.IntEnum):
+    """The life of a group: one vocabulary for the policies' records (`planner.base.Group.status`),
+    the simulator's groups (`planner.sim.group.SimGroup.state`) and what a driver holds of a uid
+    (`planner.driver.DecisionHost.held`; None there: nothing, never offered or already closed).
 
-    QUEUED = 0  # admitted, waiting for an engine slot
-    RUNNING = 1  # generating
-    DONE = 2  # generation finished, waiting for the trainer
+        CANDIDATE -> QUEUED -> RUNNING -> DONE -> TRAINED
+                       LOST (its worker died) -> QUEUED again on re-admission
+        any admitted state but TRAINED -> DROPPED
+
+    Each component uses the states it sees: a policy never holds a CANDIDATE, and a lost group is
+    QUEUED again in its table (awaiting the re-admission); a driver forgets a group once trained or
+    dropped. The numbers are what a policy's `state_dict` writes: QUEUED..DROPPED keep them so
+    saved checkpoints load; comparisons read only `state <= RUNNING` (in flight).
+    """
+
+    QUEUED = 0  # admitted, waiting for an engine slot (a worker's queue, or parked: no worker alive)
+    RUNNING = 1  # generating (in the runtime: or being scored)
+    DONE = 2  # generated (and scored): may be trained
     TRAINED = 3
     DROPPED = 4
+    LOST = 5  # its worker died; it waits for a re-admission or a drop
+    CANDIDATE = 6  # offered to `admit`, not admitted
 
 
 # (version, tokens) pairs: a group's token counts by generation version.

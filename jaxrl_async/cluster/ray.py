@@ -36,7 +36,7 @@ from typing import Any
 
 from jaxrl_async.cluster.distributed import DistributedConfig
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, least_loaded, read_outputs)
+                                      SampleOutput, check_new_request_id, least_loaded, read_outputs)
 from planner.configs import check
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -105,9 +105,10 @@ def build_engine(spec: EngineSpec) -> GenerationEngine:
     config = registry.engine_config(spec.engine, spec.engine_config)
     # A worker is one replica; engine.tensor_parallel > 1 spreads a JAX engine over the worker's
     # devices (cluster.gpus_per_worker of them). vLLM places itself (tensor_parallel_size).
-    tensor_parallel = getattr(config, "tensor_parallel", 1)
+    facts = registry.entry_of(config).facts(config)
+    tensor_parallel = facts.tensor_parallel
     mesh = None
-    if tensor_parallel > 1:
+    if tensor_parallel > 1 and not facts.places_itself:
         import jax
 
         from jaxrl_async.cluster.placement import replica_mesh
@@ -385,8 +386,7 @@ class RayEngineProxy(GenerationEngine):
             await asyncio.sleep(self.poll_s / 5)
 
     async def submit(self, request: GenerationRequest) -> None:
-        if request.request_id in self._owner:
-            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        check_new_request_id(request.request_id, self._owner)
         live = await self._live_workers()
         if not live:
             raise RuntimeError("cluster: no live generation worker")

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from jaxrl_async.runtime.rollouts import GroupRollout
 from jaxrl_async.trainer.batch import TrainSample
 from jaxrl_async.trainer.batch import TrainBatch, pad_batch
-from planner.driver import add_staleness
+from planner.versions import add_staleness
 
 
 def make_train_batch(groups: Sequence[GroupRollout], *, rows_multiple: int = 1) -> TrainBatch:

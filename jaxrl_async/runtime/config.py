@@ -2,10 +2,10 @@
 
 Hydra composes the YAML; `planner.configs.build(RunConfig, top_level, "")` turns the top-level
 keys (everything that is not a config group) into one frozen dataclass, once, at the entry point
-(`train.typed_config`). Unknown keys are an error naming the key.
+(job/setup.py `typed_config`). Unknown keys are an error naming the key.
 
 The defaults live here, once: the entry points store them as Hydra's `base/train` node
-(jaxrl_async/config_nodes.py), which `conf/train.yaml` lists first, so every field is a
+(jaxrl_async/cli/config_nodes.py), which `conf/train.yaml` lists first, so every field is a
 command-line key; the YAML states only what the embedded demo run sets differently (`steps`,
 `max_new_tokens`) and documents every key.
 
@@ -52,7 +52,8 @@ class RolloutConfig:
 class EvalSchedule:
     """`eval.*`: held-out evaluation during training, on the run's own engine (runtime/evaluation.py).
 
-    After every `every`-th step, once the engine holds that step's weights, the task's held-out
+    Before the first step (the base model, so that every curve starts from it) and after every
+    `every`-th step, once the engine holds that step's weights, the task's held-out
     prompts are decoded greedily at the lowest engine priority — behind every rollout, so the
     planner's admissions and deadlines are untouched and the ledger never sees them — and scored
     as `python -m jaxrl_async.eval` scores them. The result goes into the next step's
@@ -60,7 +61,7 @@ class EvalSchedule:
     one into summary.json.
     """
 
-    every: int = 0  # evaluate after every this many steps; 0 = off
+    every: int = 0  # evaluate before the first step and after every this many steps; 0 = off
     prompts: int | None = None  # the held-out split's first N prompts; null = all of them
     pass_threshold: float = 1.0  # a completion passes when its reward is >= this
 

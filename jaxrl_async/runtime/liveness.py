@@ -19,14 +19,25 @@ The rules, and why:
 - A stall round in which the engine streamed nothing for a whole timeout is *quiet*;
   `max_quiet_stalls` quiet rounds in a row (no piece in between) mean the engine itself hangs,
   and regenerating on it again would only wedge: `EngineHungError`.
+
+`watch_stalls` is the controller's watchdog task: every `period_s` it asks the watch, under the
+controller's lock, and sends each stalled group through the fault path with one warning line
+(counted as `groups_stalled`). On a hung engine it saves a checkpoint (when no step is training)
+and ends the run with the one-line `EngineHungError`. It reaches the controller only through
+`StallHost`, so a test can drive it with a fake.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 from jaxrl_async.runtime.config import RolloutConfig
+
+log = logging.getLogger(__name__)
 
 
 class EngineHungError(ConnectionError):
@@ -114,3 +125,39 @@ class StallWatch:
             f"rollout: the engine streamed no token for {idle:.0f} s through {self.quiet_rounds} stall rounds "
             f"(rollout.stall_timeout_s={self.timeout_s:g}, {waiting} groups waiting): it hangs; restart it and "
             "resume from the newest checkpoint (resume=true)")
+
+
+class StallHost(Protocol):
+    """What `watch_stalls` needs of the controller."""
+
+    lock: asyncio.Lock
+
+    def now(self) -> float: ...
+    def ended(self) -> bool: ...  # stopping or done: the watchdog ends
+    def generating(self) -> list[tuple[int, str, bool]]: ...  # (uid, request id, started), not lost
+    def groups_in_flight(self) -> int: ...
+    async def save_if_idle(self) -> None: ...  # a checkpoint, unless a step is training
+    def regenerate_stalled(self, uid: int) -> None: ...  # count it, the fault path
+    async def after_event(self) -> None: ...  # send the engine calls, admit and select again
+
+
+async def watch_stalls(watch: StallWatch, host: StallHost) -> None:
+    """Every `watch.period_s`: regenerate the groups that stalled; raise `EngineHungError` on a hung engine."""
+    while True:
+        await asyncio.sleep(watch.period_s)
+        async with host.lock:
+            if host.ended():
+                return
+            now = host.now()
+            stall_round = watch.check(now, host.generating())
+            if stall_round is None:
+                continue
+            if watch.hung:
+                await host.save_if_idle()
+                raise watch.hung_error(now, host.groups_in_flight())
+            for stall in stall_round.stalls:
+                log.warning("rollout stalled: group %d (request %s) streamed no token for %.1f s%s; "
+                            "regenerating it through the fault path", stall.uid, stall.request_id,
+                            stall.idle_s, " (the engine streamed nothing either)" if stall_round.quiet else "")
+                host.regenerate_stalled(stall.uid)
+            await host.after_event()

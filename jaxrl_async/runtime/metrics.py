@@ -4,7 +4,7 @@
 tokens, busy seconds of the trainer and of the generator — and is saved in checkpoints so that a
 resumed run reports the whole run. Every optimizer step produces one flat record that goes to
 every `MetricsSink`: `metrics.jsonl`, TensorBoard, the progress display. Both files are built by
-`planner.driver` (`summary`, `step_record`) with the training run's extensions after the common
+`planner.run_files` (`summary`, `step_record`) with the training run's extensions after the common
 keys, so the simulator's runs and these share their keys and `planner.plots` reads both.
 
 How to add a sink: implement `write(record)` and `close()`; pass it to the controller.
@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from planner import driver
-from planner.driver import METRICS_FILE, SUMMARY_FILE  # noqa: F401  (the runtime's modules import them here)
+from planner import run_files
+from planner.jsonl import read_jsonl_lines
+from planner.run_files import METRICS_FILE, SUMMARY_FILE  # noqa: F401  (the runtime's modules import them here)
 
 
 class MetricsSink(Protocol):
@@ -101,12 +102,12 @@ class EngineLoad:
 def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], lengths: list[int], stats: RunStats,
                 timing: StepTiming, *, previous: tuple[float, int], engine: EngineLoad, inflight_groups: int,
                 done_groups: int, eta_s: float) -> dict[str, Any]:
-    """The `metrics.jsonl` record of step `step`: `planner.driver.step_record`'s keys, then the
+    """The `metrics.jsonl` record of step `step`: `planner.run_files.step_record`'s keys, then the
     training run's. `metrics` is the trainer's; `hist` the batch's tokens by staleness; `stats`
     the run so far; `previous` (run seconds, tokens generated) at the previous record."""
     prev_s, prev_generated = previous
     cycle_s = stats.elapsed_s - prev_s
-    return driver.step_record(
+    return run_files.step_record(
         step=step, reward_mean=metrics["reward_mean"], loss=metrics["loss"], batch=hist, cycle_s=cycle_s,
         wait_s=timing.wait_s, start_s=timing.start_s, end_s=timing.end_s, elapsed_s=stats.elapsed_s,
         trainer_busy_s=stats.trainer_busy_s, generator_busy_s=stats.generator_busy_s, gen_active=engine.active,
@@ -127,15 +128,24 @@ def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], leng
         })
 
 
+def record_times(path: Path) -> list[float]:
+    """Each step's record time (`elapsed_s`) in `metrics.jsonl`, whole run (a resume continues
+    the file), for `summary`'s steady-state steps/h; [] when the file is missing."""
+    if not path.is_file():
+        return []
+    return [row["elapsed_s"] for _, row in read_jsonl_lines(path)]
+
+
 def summary(stats: RunStats, *, policy: str, max_staleness: int | None, staleness_bound: int | None, elapsed_s: float,
-            trainer_busy_s: float, generator_busy_s: float, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The `summary.json` object: `planner.driver.summary`'s keys, then the training run's
-    extensions, then `extra`."""
-    return driver.summary(
+            trainer_busy_s: float, generator_busy_s: float, record_s: list[float],
+            extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `summary.json` object: `planner.run_files.summary`'s keys, then the training run's
+    extensions, then `extra`. `record_s`: `record_times` of the run's metrics file."""
+    return run_files.summary(
         policy=policy, max_staleness=max_staleness, staleness_bound=staleness_bound, steps=stats.steps_done, groups_admitted=stats.groups_admitted,
         groups_trained=stats.groups_trained, groups_dropped=stats.groups_dropped, tokens_wasted=stats.tokens_wasted,
         staleness=stats.staleness, elapsed_s=elapsed_s, trainer_busy_s=trainer_busy_s,
-        generator_busy_s=generator_busy_s,
+        generator_busy_s=generator_busy_s, record_s=record_s,
         extensions={
             "overlap_fraction": stats.overlap_s / max(stats.trainer_busy_s, 1e-9),
             "steps_skipped": stats.steps_skipped,

@@ -1,7 +1,13 @@
 """The live progress display: a rich panel on a terminal, one plain line per step otherwise.
 
 It is a `MetricsSink`: it reads the same per-step record as `metrics.jsonl`, plus the run-so-far
-keys the controller adds for it (`staleness_hist`, `trainer_busy`, `generator_busy`, `eta_s`).
+keys the controller adds for it (`staleness_hist`, `trainer_busy`, `generator_busy`, `eta_s`),
+and the held-out figures (`eval/pass_at_1`, `eval/version`) of the records that carry them.
+
+The first step of a run includes compiling the engine and the train step (tens of seconds, 10–20
+step times), so until it ends the display says so — a panel status, or one plain line at start —
+and the ETA (`Eta`) is measured from the end of the first step: it is null (shown "–") at the
+first step and then counts no compile.
 """
 
 from __future__ import annotations
@@ -9,12 +15,39 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+STARTING = "starting: compiling the engine and the train step (the first step includes it)…"
+
 
 def _duration(seconds: float) -> str:
     seconds = max(0, int(seconds))
     h, rem = divmod(seconds, 3600)
     m, s = divmod(rem, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def _eta_text(seconds: float | None) -> str:
+    return "–" if seconds is None else _duration(seconds)
+
+
+class Eta:
+    """Seconds left in the run, from the steps after the first one of this run segment.
+
+    The controller calls `step_done(steps_done, now)` at every step record (`now`: any clock in
+    seconds; the controller's monotonic one). The first call (a run's, or a resumed segment's
+    first step) holds the compile and returns None; later ones extrapolate the time per step
+    since then.
+    """
+
+    def __init__(self, total_steps: int) -> None:
+        self.total_steps = total_steps
+        self._first: tuple[int, float] | None = None  # (steps done, time) at the segment's first step
+
+    def step_done(self, steps_done: int, now: float) -> float | None:
+        if self._first is None:
+            self._first = (steps_done, now)
+            return None
+        steps0, t0 = self._first
+        return (self.total_steps - steps_done) * (now - t0) / max(1, steps_done - steps0)
 
 
 def _hist_text(hist: dict[str, int]) -> str:
@@ -34,8 +67,11 @@ class ProgressDisplay:
             mode = "rich" if self.stream.isatty() else "plain"
         self.mode = mode
         self._rewards: list[float] = []
+        self._evals: list[tuple[int, float]] = []  # (weights version, held-out pass@1), the run so far
         self._live = None
-        if mode == "rich":
+        if mode == "plain":
+            print(STARTING, file=self.stream, flush=True)
+        elif mode == "rich":
             from rich.console import Console
             from rich.live import Live
 
@@ -45,6 +81,8 @@ class ProgressDisplay:
     def write(self, record: dict[str, Any]) -> None:
         if record.get("reward_mean") is not None:
             self._rewards.append(float(record["reward_mean"]))
+        if record.get("eval/pass_at_1") is not None:
+            self._evals.append((int(record["eval/version"]), float(record["eval/pass_at_1"])))
         if self._live is not None:
             self._live.update(self._panel(record))
         elif self.mode == "plain":
@@ -57,10 +95,12 @@ class ProgressDisplay:
 
     def _line(self, r: dict[str, Any]) -> str:
         skipped = " SKIPPED(non-finite loss)" if r.get("skipped") else ""
+        held_out = (f" eval(v{r['eval/version']}) pass@1 {r['eval/pass_at_1']:.3f}"
+                    if r.get("eval/pass_at_1") is not None else "")
         return (f"step {r['step'] + 1}/{self.total_steps} reward {r['reward_mean']:.3f} loss {r['loss']:.4f} "
                 f"stale(max) {r['max_staleness_in_batch']} hist [{_hist_text(r['staleness_hist'])}] "
                 f"gen {100 * r['generator_busy']:.0f}% train {100 * r['trainer_busy']:.0f}% "
-                f"{r['tokens_per_s']:.0f} tok/s ETA {_duration(r['eta_s'])}{skipped}")
+                f"{r['tokens_per_s']:.0f} tok/s ETA {_eta_text(r['eta_s'])}{held_out}{skipped}")
 
     def _panel(self, r: dict[str, Any] | None):
         from rich.panel import Panel
@@ -70,7 +110,7 @@ class ProgressDisplay:
         table.add_column(style="bold cyan")
         table.add_column()
         if r is None:
-            table.add_row("status", "starting (compiling the engine and the train step)…")
+            table.add_row("status", STARTING)
             return Panel(table, title=self.title)
         recent = self._rewards[-5:]
         table.add_row("step", f"{r['step'] + 1} / {self.total_steps}")
@@ -84,5 +124,8 @@ class ProgressDisplay:
         table.add_row("staleness\n(tokens)", bars or "–")
         table.add_row("busy", f"generator {100 * r['generator_busy']:.0f}%  trainer {100 * r['trainer_busy']:.0f}%")
         table.add_row("throughput", f"{r['tokens_per_s']:.0f} tokens/s")
-        table.add_row("elapsed / ETA", f"{_duration(r['elapsed_s'])} / {_duration(r['eta_s'])}")
+        if self._evals:
+            (v0, p0), (v, p) = self._evals[0], self._evals[-1]
+            table.add_row("eval pass@1", f"{p:.3f} (weights v{v}; first: {p0:.3f} at v{v0})")
+        table.add_row("elapsed / ETA", f"{_duration(r['elapsed_s'])} / {_eta_text(r['eta_s'])}")
         return Panel(table, title=self.title)

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxrl_async.engines.base import SampleOutput
-from planner.driver import VersionRuns, extend_runs, tokens_by_version
 from planner.types import Versions
+from planner.versions import VersionRuns, extend_runs, tokens_by_version
 
 
 @dataclass

@@ -33,13 +33,9 @@ from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, m2po_cutoff, policy_loss
 from jaxrl_async.trainer.optim import make_optimizer
+from jaxrl_async.trees import cast_floats
 
 Params = Any  # nested dict of arrays (nnx.State.to_pure_dict()), what nnx.merge accepts
-
-
-def _cast_floats(tree: Params, dtype: str) -> Params:
-    dtype = jnp.dtype(dtype)
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def _token_stats(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -92,7 +88,6 @@ def chunked_token_stats(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     unchunk = lambda y: y.swapaxes(0, 1).reshape(rows, n * c)[:, :positions]  # noqa: E731
     return unchunk(token_logp), unchunk(entropy)
 
-
 def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
                       compute_dtype: str = "float32", remat: str = "none",
                       logits_chunk: int = 0) -> tuple[jax.Array, jax.Array]:
@@ -103,7 +98,7 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
     `logits_chunk` (`TrainerConfig.logits_chunk`) > 0 computes the logits that many tokens at a
     time (`chunked_token_stats`), which changes the memory and roundoff only.
     """
-    model = nnx.merge(graphdef, _cast_floats(params, compute_dtype))
+    model = nnx.merge(graphdef, cast_floats(params, compute_dtype))
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     if logits_chunk:
         hidden = model.hidden_states(tokens, positions, remat=remat)  # [B, T, E]

@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable
 
 from planner.base import Group, PolicyBase
-from planner.types import Drop, Status
+from planner.types import Drop, GroupState
 
 UNLIMITED = 1 << 30
 
@@ -52,7 +52,7 @@ def batch_lead(batch_groups: int, ratio: float) -> int:
 # ------------------------------------------------------------------------------------- L2
 def running_groups(policy: PolicyBase) -> list[Group]:
     """Groups that are generating now (a queued group has no version yet: never cancelled)."""
-    return [g for g in policy.groups.values() if g.status == Status.RUNNING]
+    return [g for g in policy.groups.values() if g.status == GroupState.RUNNING]
 
 
 def older_than(groups: Iterable[Group], min_version: int) -> list[Group]:
@@ -62,7 +62,7 @@ def older_than(groups: Iterable[Group], min_version: int) -> list[Group]:
 
 def inflight_groups(policy: PolicyBase) -> list[Group]:
     """Groups queued in an engine or generating: everything dispatched and not yet done."""
-    return [g for g in policy.groups.values() if g.status in (Status.QUEUED, Status.RUNNING)]
+    return [g for g in policy.groups.values() if g.status in (GroupState.QUEUED, GroupState.RUNNING)]
 
 
 def dispatched_before(groups: Iterable[Group], min_version: int) -> list[Group]:

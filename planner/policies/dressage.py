@@ -20,7 +20,7 @@ from planner.base import PolicyBase
 from planner.configs import check
 from planner.policies.blocks import by_completion, cap_room
 from planner.registry import register
-from planner.types import Decision, PlanContext, Status, Versions
+from planner.types import Decision, GroupState, PlanContext, Versions
 
 OUTPUT_QUEUE_PAUSE = 0.8  # fraction of the output queue at which admission pauses
 
@@ -89,7 +89,7 @@ class Dressage(PolicyBase):
     def on_tokens(self, *, uid: int, version: int, tokens: int, now: float) -> Decision:
         super().on_tokens(uid=uid, version=version, tokens=tokens, now=now)
         g = self.groups.get(uid)
-        if g is not None and g.status == Status.RUNNING and self._span_exceeded(uid):
+        if g is not None and g.status == GroupState.RUNNING and self._span_exceeded(uid):
             return Decision(drop=[self.drop(uid, "dressage_partial_rollout_preempts")])
         return Decision()
 

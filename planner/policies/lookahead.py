@@ -45,7 +45,7 @@ from planner.configs import check
 from planner.feasibility import admission_room, feasible
 from planner.predictors import make_predictor
 from planner.registry import register
-from planner.types import Admission, Candidate, Decision, Move, Status, Versions
+from planner.types import Admission, Candidate, Decision, GroupState, Move, Versions
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,7 @@ class Lookahead(PolicyBase):
     # ------------------------------------------------------------------ generation events
     def on_group_started(self, *, uid: int, version: int, now: float) -> Decision:
         g = self.groups.get(uid)
-        first_start = g is not None and g.status == Status.QUEUED and g.start_version is None
+        first_start = g is not None and g.status == GroupState.QUEUED and g.start_version is None
         super().on_group_started(uid=uid, version=version, now=now)
         if first_start and self.eta is not None and self.params.refine_on_start:
             self._set_deadline(g, version + self.eta)
@@ -178,7 +178,7 @@ class Lookahead(PolicyBase):
         self, *, uid: int, versions: Versions, now: float, last_versions: Sequence[int] = ()
     ) -> Decision:
         g = self.groups.get(uid)
-        was_inflight = g is not None and g.status in (Status.QUEUED, Status.RUNNING)
+        was_inflight = g is not None and g.status in (GroupState.QUEUED, GroupState.RUNNING)
         super().on_group_finished(uid=uid, versions=versions, now=now, last_versions=last_versions)
         if was_inflight:
             self._inflight_tokens -= (g.predicted_tokens or 0.0) * self.ctx.group_size

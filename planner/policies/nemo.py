@@ -33,7 +33,7 @@ from planner.policies.blocks import (
     planned_batch_index,
 )
 from planner.registry import register
-from planner.types import Admission, Decision, PlanContext, Status
+from planner.types import Admission, Decision, GroupState, PlanContext
 
 
 def _check_caps(params: Any) -> None:
@@ -44,7 +44,7 @@ def _check_caps(params: Any) -> None:
 
 @dataclass(frozen=True)
 class NemoStalenessParams:
-    max_staleness_versions: int = 1
+    max_staleness_versions: int = 1  # NeMo-RL's staleness bound in versions; conf null = max_staleness
     max_inflight_prompts: int | None = None  # None = B·(max_staleness_versions + 1)
     max_buffered_rollouts: int | None = None  # None = B·(max_staleness_versions + 1)
 
@@ -61,7 +61,7 @@ class NemoWindowedParams(NemoStalenessParams):
 
 @dataclass(frozen=True)
 class NemoLookaheadParams:
-    max_lookahead_versions: int = 1
+    max_lookahead_versions: int = 1  # versions ahead a prompt may be bound to; conf null = max_staleness
     max_inflight_prompts: int | None = None  # None = B·(max_lookahead_versions + 1)
     max_buffered_rollouts: int | None = None  # None = B·(max_lookahead_versions + 1)
 
@@ -173,8 +173,8 @@ class NemoWeightFifo(_Gated):
         picked: list[Group] = []
         for version in sorted(cohorts):
             members = cohorts[version]
-            picked += [g for g in members if g.status == Status.DONE]
-            if len(picked) >= self.B or any(g.status != Status.DONE for g in members):
+            picked += [g for g in members if g.status == GroupState.DONE]
+            if len(picked) >= self.B or any(g.status != GroupState.DONE for g in members):
                 break  # never skip past a version that is still generating
         return Decision(drop=drops, train=first_batch(picked, self.B))
 

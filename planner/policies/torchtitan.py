@@ -32,7 +32,7 @@ from planner.base import Group, PolicyBase
 from planner.configs import check
 from planner.policies.blocks import cumulative_room
 from planner.registry import register
-from planner.types import Decision, PlanContext, Status
+from planner.types import Decision, GroupState, PlanContext
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,7 @@ class TorchtitanWindowedFifo(PolicyBase):
             for g in itertools.islice(untrained, head, None):
                 if g.seq > window_end:
                     break
-                if g.status == Status.DONE and g.uid not in taken_ids:
+                if g.status == GroupState.DONE and g.uid not in taken_ids:
                     pick = g
                     break
             if pick is None:

@@ -15,7 +15,7 @@ from planner.base import PolicyBase
 from planner.configs import check
 from planner.policies.blocks import by_admission, cumulative_room, first_batch
 from planner.registry import register
-from planner.types import Decision, PlanContext, Status
+from planner.types import Decision, GroupState, PlanContext
 
 
 @dataclass(frozen=True)
@@ -89,6 +89,6 @@ class VerlWait(_Verl):
         t = self.params.max_off_policy_threshold
         if t is not None:
             for g in self.groups.values():
-                if g.status in (Status.QUEUED, Status.RUNNING) and self.waited(g.admit_step, step) >= t:
+                if g.status in (GroupState.QUEUED, GroupState.RUNNING) and self.waited(g.admit_step, step) >= t:
                     return Decision()
         return Decision(train=first_batch(by_admission(self.done), self.B))

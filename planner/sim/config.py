@@ -24,7 +24,7 @@ RECOVERY_MODES = ("resume", "regenerate")
 class WorkerConfig:
     """Generation workers: continuous batching with a memory-bound decode step."""
 
-    num_workers: int = 4
+    num_workers: int = 4  # generation workers (engines)
     speeds: tuple[float, ...] | None = None  # per-worker speed factor (uneven workers); None = all 1
     max_concurrency: int = 256  # sequences decoding at once on one worker (engine slots)
     kv_capacity: int = 4_000_000  # KV-cache tokens per worker (prompt + response of running groups)
@@ -39,6 +39,9 @@ class WorkerConfig:
     # decode step costs (1 + colocated_slowdown)× its α + β·active. Applies to all workers (on one
     # machine all are colocated); prefill and weight loads are not slowed. 0 = separate devices.
     colocated_slowdown: float = 0.0
+    # s before each worker's first decode step (a real engine compiles its jitted steps on the
+    # first iteration; planner.calibrate fits it from the trace's compiling iterations). 0 = none.
+    compile_s: float = 0.0
     sync_mode: str = "partial"  # partial: load now, in-flight samples continue | drain: finish in-flight, then load
 
     def __post_init__(self) -> None:
@@ -52,7 +55,7 @@ class WorkerConfig:
                 check(s > 0, f"{p}.speeds[{i}]", s, "must be > 0")
         for name in ("max_concurrency", "kv_capacity", "decode_alpha"):
             check(getattr(self, name) > 0, f"{p}.{name}", getattr(self, name), "must be > 0")
-        for name in ("decode_beta", "prefill_per_token", "t_sync", "load_lag", "colocated_slowdown"):
+        for name in ("decode_beta", "prefill_per_token", "t_sync", "load_lag", "colocated_slowdown", "compile_s"):
             check(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
         check_sync_mode(f"{p}.sync_mode", self.sync_mode, SYNC_MODES)
 
@@ -70,10 +73,13 @@ class SimTrainerConfig:
     # published (the runtime pushes weights before it selects the next batch); false: the
     # trainer goes on while the workers load.
     wait_sync: bool = False
+    # s added to the first step (a real trainer compiles its jitted update on the first step;
+    # planner.calibrate fits it from the steps it leaves out of the c0/c1 fit). 0 = none.
+    compile_s: float = 0.0
 
     def __post_init__(self) -> None:
         check(isinstance(self.wait_sync, bool), "sim.trainer.wait_sync", self.wait_sync, "must be true or false")
-        for name in ("c0", "c1"):
+        for name in ("c0", "c1", "compile_s"):
             check(getattr(self, name) >= 0, f"sim.trainer.{name}", getattr(self, name), "must be >= 0")
         if self.c0 + self.c1 <= 0:
             raise ValueError("sim.trainer: c0 + c1 must be > 0 (a free trainer step never advances time)")

@@ -1,15 +1,15 @@
 """The simulator's run metrics: what was trained, dropped and wasted, and its two output files.
 
-Both files have the runtime's keys, built by `planner.driver`, so `planner.plots`
+Both files have the runtime's keys, built by `planner.run_files`, so `planner.plots`
 reads either driver's runs:
 
-- `summary.json`: `driver.summary` — the docs/design.md §8 keys (`driver.SUMMARY_KEYS`) first, then the
+- `summary.json`: `run_files.summary` — the docs/design.md §8 keys (`run_files.SUMMARY_KEYS`) first, then the
   simulator's extensions (`trajectories_trained`, `drops_by_reason`, `length_bias`, and the
   engine's). `length_bias` compares the workload's true lengths of every admitted group with the
   trained groups' (`planner.length_bias`): the truth the audit estimates from the ledger. Staleness
   counts only what was trained: each trained token has staleness `train step − its version`, and
   the histogram counts tokens.
-- `metrics.jsonl`: one `driver.step_record` per trainer step (`reward_mean` and `loss` are null:
+- `metrics.jsonl`: one `run_files.step_record` per trainer step (`reward_mean` and `loss` are null:
   there is no model), plus the simulator's extensions `tokens` and `inflight`.
 """
 
@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from planner import driver
-from planner.driver import METRICS_FILE, SUMMARY_FILE
-from planner.length_bias import length_bias
+from planner import run_files
+from planner.run_files import METRICS_FILE, SUMMARY_FILE
+from planner.tools.length_bias import length_bias
+from planner.versions import add_staleness
 
 
 class RunMetrics:
@@ -49,7 +50,7 @@ class RunMetrics:
         for _, versions, trajectories in batch:
             self.trajectories_trained += trajectories
             self.trained_lengths.append(sum(t for _, t in versions))
-            driver.add_staleness(hist, step, versions)
+            add_staleness(hist, step, versions)
         for s, t in hist.items():
             self.histogram[s] = self.histogram.get(s, 0) + t
         self.groups_trained += len(batch)
@@ -64,20 +65,21 @@ class RunMetrics:
         self.tokens_wasted += tokens
 
     def step_row(self, *, tokens: int, inflight: int, **common: Any) -> None:
-        """One metrics.jsonl row: `driver.step_record(**common)` plus the simulator's extensions."""
-        self.steps.append(driver.step_record(reward_mean=None, loss=None, staleness=self.histogram, **common,
+        """One metrics.jsonl row: `run_files.step_record(**common)` plus the simulator's extensions."""
+        self.steps.append(run_files.step_record(reward_mean=None, loss=None, staleness=self.histogram, **common,
                                              extensions={"tokens": tokens, "inflight": inflight}))
 
     def summary(
         self, *, policy: str, max_staleness: int | None, staleness_bound: int | None, steps: int, groups_admitted: int, elapsed_s: float,
         trainer_busy_s: float, generator_busy_s: Sequence[float], **extras: Any,
     ) -> dict[str, Any]:
-        """`driver.summary` with the simulator's extensions; `generator_busy_s` is per worker."""
-        return driver.summary(
+        """`run_files.summary` with the simulator's extensions; `generator_busy_s` is per worker."""
+        return run_files.summary(
             policy=policy, max_staleness=max_staleness, staleness_bound=staleness_bound, steps=steps, groups_admitted=groups_admitted,
             groups_trained=self.groups_trained, groups_dropped=sum(self.drops.values()),
             tokens_wasted=self.tokens_wasted, staleness=self.histogram, elapsed_s=elapsed_s,
             trainer_busy_s=trainer_busy_s, generator_busy_s=sum(generator_busy_s) / len(generator_busy_s),
+            record_s=[row["elapsed_s"] for row in self.steps],
             extensions={"trajectories_trained": self.trajectories_trained,
                         "drops_by_reason": dict(sorted(self.drops.items())),
                         "length_bias": length_bias(self.admitted_lengths, self.trained_lengths), **extras},

@@ -45,24 +45,21 @@ from typing import Any
 
 import numpy as np
 
-from planner.driver import Held, apply_decision
+from planner.driver import apply_decision
 from planner.ledger import LedgerWriter
 from planner.sim.config import SimConfig
 from planner.sim.events import EventKind, EventQueue
 from planner.sim.faults import FaultPlan
-from planner.sim.group import GState, SimGroup
+from planner.sim.group import SimGroup
 from planner.sim.metrics import RunMetrics
 from planner.sim.recorder import EventRecorder
 from planner.sim.stream import AdmissionWindow
 from planner.sim.trainer import SimTrainer
 from planner.sim.workers import Worker
 from planner.sim.workloads import Workload, workload_params
-from planner.types import Admission, Decision, Drop, Move, PlanContext
+from planner.types import Admission, Decision, Drop, GroupState, Move, PlanContext
 
 MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock
-# What an admitted, untrained group is to a Decision's checks (TRAINED and DROPPED groups are gone).
-_HELD = {GState.QUEUED: Held.GENERATING, GState.RUNNING: Held.GENERATING, GState.DONE: Held.DONE,
-         GState.LOST: Held.LOST}
 
 
 class NullLedger:
@@ -186,11 +183,11 @@ class Simulator:
             apply_decision(self, d, call=call, policy=self.policy.name)
 
     # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
-    def held(self, uid: int) -> Held:
-        g = self.groups.get(uid)
+    def held(self, uid: int) -> GroupState | None:
+        g = self.groups.get(uid)  # admitted and untrained: trained and dropped groups are gone
         if g is None:
-            return Held.CANDIDATE if uid in self.window else Held.NOTHING
-        return _HELD[g.state]
+            return GroupState.CANDIDATE if uid in self.window else None
+        return g.state
 
     def record_moves(self, moves: list[Move]) -> None:
         self.ledger.moves(moves)
@@ -214,14 +211,14 @@ class Simulator:
 
     def drop_group(self, d: Drop) -> None:
         g = self.groups[d.uid]
-        if g.state == GState.RUNNING:
+        if g.state == GroupState.RUNNING:
             w = self.workers[g.worker]
             w.abort(self.now, g)
             self._kick(w, force=True)
-        elif g.state == GState.LOST:
+        elif g.state == GroupState.LOST:
             del self.lost[d.uid]
         tokens = g.generated
-        g.state = GState.DROPPED
+        g.state = GroupState.DROPPED
         del self.groups[d.uid]
         self.ledger.drop(d, tokens, length=g.total_length)
         self.metrics.drop(d.reason, tokens)
@@ -237,7 +234,7 @@ class Simulator:
             g = self.groups[uid]
             batch.append((uid, g.versions_list(), len(g.lengths)))
             prompt_tokens += g.prompt_tokens * len(g.lengths)
-            g.state = GState.TRAINED
+            g.state = GroupState.TRAINED
             del self.groups[uid]
         self.ledger.train(step, [(uid, v) for uid, v, _ in batch])
         hist = self.metrics.train(step, batch)
@@ -261,7 +258,7 @@ class Simulator:
         self._enqueue_seq += 1
         live = [w for w in self.workers if w.alive]
         if not live:
-            g.state, g.worker = GState.QUEUED, -1
+            g.state, g.worker = GroupState.QUEUED, -1
             self.parked.append(g)
             return
         w = min([w for w in live if w.version >= g.min_version] or live, key=Worker.load)
@@ -302,7 +299,7 @@ class Simulator:
         self.ledger.start(g.uid, w.version)
         self._changed = True
         self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
-        if g.state == GState.DONE:  # nothing to generate
+        if g.state == GroupState.DONE:  # nothing to generate
             self._finished(g, w.version)
 
     def _finished(self, g: SimGroup, version: int) -> None:
@@ -376,7 +373,7 @@ class Simulator:
             generator_busy_s=sum(w.busy_time(self.now) for w in self.workers) / len(self.workers),
             gen_active=[w.active if w.alive else -1 for w in self.workers],
             kv_usage=sum(w.kv_used for w in live) / max(1, sum(w.kv_cap for w in live)),
-            tokens=info["tokens"], inflight=sum(1 for g in self.groups.values() if g.state <= GState.RUNNING),
+            tokens=info["tokens"], inflight=sum(1 for g in self.groups.values() if g.state <= GroupState.RUNNING),
         )
         if trainer.finished:
             return
@@ -387,7 +384,7 @@ class Simulator:
                 self._out.append((self.now + self.load_lag, EventKind.LOAD, (w.index, version, w.life)))
             else:
                 self._begin_load(w, version)
-        queued = sum(1 for g in self.groups.values() if g.state == GState.QUEUED)
+        queued = sum(1 for g in self.groups.values() if g.state == GroupState.QUEUED)
         kv = sum(w.kv_used for w in live) / max(1, sum(w.kv_cap for w in live))
         self._apply(self.p.on_engine_stats(kv_usage=kv, queued=queued, now=self.now), "on_engine_stats")
 
@@ -404,17 +401,17 @@ class Simulator:
             lost.append(g)
         lost.extend(queued)
         for g in lost:
-            if g.state == GState.DROPPED:
+            if g.state == GroupState.DROPPED:
                 continue  # dropped by the policy while we reported the fault
             if not keep:
                 self.metrics.waste(g.generated)
                 g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
-            g.state = GState.LOST
+            g.state = GroupState.LOST
             self.lost[g.uid] = g
         self._changed = self._ask = True
         self._check_synced()
         for g in lost:
-            if g.state == GState.LOST:
+            if g.state == GroupState.LOST:
                 self._apply(self.p.on_group_lost(uid=g.uid, prefix_kept=keep, now=self.now), "on_group_lost")
         if self.cfg.faults.restart_after is not None:
             self._out.append((self.now + self.cfg.faults.restart_after, EventKind.RESTART, index))
@@ -424,7 +421,7 @@ class Simulator:
         fault path, as the runtime's watchdog does (prefix_kept=False: its earlier tokens are wasted)."""
         uid, index, token = payload
         g = self.groups.get(uid)
-        if g is None or g.state != GState.RUNNING or (g.worker, g.token) != (index, token) or not g.stuck:
+        if g is None or g.state != GroupState.RUNNING or (g.worker, g.token) != (index, token) or not g.stuck:
             return  # dropped, or its worker died and it was re-admitted meanwhile
         w = self.workers[g.worker]
         w.abort(self.now, g)
@@ -432,7 +429,7 @@ class Simulator:
         self.stalls += 1
         self.metrics.waste(g.generated)
         g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
-        g.state = GState.LOST
+        g.state = GroupState.LOST
         self.lost[uid] = g
         self._changed = self._ask = True
         self._apply(self.p.on_group_lost(uid=uid, prefix_kept=False, now=self.now), "on_group_lost")
@@ -443,7 +440,7 @@ class Simulator:
         self._changed = True
         parked, self.parked = self.parked, []
         for g in parked:
-            if g.state == GState.QUEUED:
+            if g.state == GroupState.QUEUED:
                 self._route(g)
         self._check_synced()
         self._kick(w, force=True)

@@ -1,4 +1,5 @@
-"""The simulated trainer: one optimizer step at a time, `c0 + c1 · tokens_in_batch` seconds.
+"""The simulated trainer: one optimizer step at a time, `c0 + c1 · tokens_in_batch` seconds
+(the first step `compile_s` more: a real trainer compiles its update then).
 
 It is idle (asking the policy for batch `step`), waiting (the policy said wait: it asks again after
 every completion or drop) or busy (training). After a step it publishes version `step + 1`.
@@ -13,6 +14,7 @@ class SimTrainer:
     def __init__(self, cfg: SimTrainerConfig, total_steps: int) -> None:
         self.c0 = cfg.c0
         self.c1 = cfg.c1
+        self.compile_s = cfg.compile_s
         self.total_steps = total_steps
         self.step = 0  # the step being trained or waited for
         self.busy = False
@@ -28,6 +30,8 @@ class SimTrainer:
     def begin(self, now: float, tokens: int) -> float:
         """Start training step `step`; returns when it ends."""
         duration = self.c0 + self.c1 * tokens
+        if self.step == 0 and self.compile_s:  # at 0 the sum is not even touched: runs stay identical
+            duration += self.compile_s
         self.wait_total += now - self.wait_since
         self.busy = True
         self.busy_total += duration

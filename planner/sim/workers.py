@@ -16,8 +16,9 @@ flight when the trainer starts is slowed from that moment on, by contention, not
 `set_slow` brings the counter to `now` at the old rate before it changes; the simulator then
 recomputes the next completion.
 
-Prefill and weight loads *stall* the worker (`stall_until`): its counter does not advance, as on a
-vLLM engine that runs a prefill batch or loads weights between decode steps. Token versions are
+Compilation (`sim.workers.compile_s`, before the first decode step), prefill and weight loads
+*stall* the worker (`stall_until`): its counter does not advance, as on a vLLM engine that runs a
+prefill batch or loads weights between decode steps. Token versions are
 tracked in *segments*: when the worker's version changes, every running group's tokens since the
 last change are booked to the old version (`close_segments`: partial rollout).
 
@@ -36,7 +37,8 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 from planner.sim.config import WorkerConfig
-from planner.sim.group import GState, SimGroup
+from planner.sim.group import SimGroup
+from planner.types import GroupState
 
 EPS = 1e-9
 
@@ -60,7 +62,7 @@ class Worker:
         self.kv_cap = cfg.kv_capacity
         self.counter = 0.0  # cumulative decode steps
         self.t_last = 0.0  # time at which `counter` is exact
-        self.stall_until = 0.0  # no decoding before this time (prefill, weight load)
+        self.stall_until = cfg.compile_s  # no decoding before this time (compile, prefill, weight load)
         self.active = 0  # sequences decoding
         self.stuck = 0  # sequences of hung runs: they hold slots but never advance
         self.seqs: list[tuple[float, int]] = []  # heap of (finish counter, run token)
@@ -124,7 +126,7 @@ class Worker:
 
     def enqueue(self, group: SimGroup) -> None:
         group.worker = self.index
-        group.state = GState.QUEUED
+        group.state = GroupState.QUEUED
         heappush(self.queue, (group.priority, group.seq, group))
 
     def start_queued(self, now: float) -> list[SimGroup]:
@@ -134,7 +136,7 @@ class Worker:
         advanced = False
         while queue and self.pending_version is None:
             group = queue[0][2]
-            if group.state != GState.QUEUED or group.worker != self.index:
+            if group.state != GroupState.QUEUED or group.worker != self.index:
                 heappop(queue)  # dropped or re-routed while queued
                 continue
             if group.min_version > self.version:
@@ -159,7 +161,7 @@ class Worker:
         self._next_token += 1
         prefix = sum(group.done_tok)
         self.stall(now, (group.prompt_tokens + prefix) * self.prefill / self.speed)
-        group.state = GState.RUNNING
+        group.state = GroupState.RUNNING
         group.token = token
         group.rem = rem
         group.base = group.seg_base = self.counter
@@ -171,7 +173,7 @@ class Worker:
             elif first_run:
                 group.last_versions.append(self.version)  # an empty response: done at once
         if n == 0:  # nothing to generate (empty responses): done at start
-            group.state = GState.DONE
+            group.state = GroupState.DONE
             return
         if group.hangs:  # holds its slots and KV; no sequence advances (no finish target, no tokens)
             group.rem = [0] * len(rem)
@@ -211,7 +213,7 @@ class Worker:
                 del runs[token]
                 self.kv_used -= group.kv
                 self._book(group, sum(group.rem))
-                group.state = GState.DONE
+                group.state = GroupState.DONE
                 finished.append(group)
         self._set_active(now, active)
         return finished
@@ -259,7 +261,7 @@ class Worker:
         running = []
         for group in sorted(self.runs.values(), key=lambda g: g.token):
             running.append((group, self.version, self.abort(now, group)))
-        queued = [g for _, _, g in sorted(self.queue) if g.state == GState.QUEUED and g.worker == self.index]
+        queued = [g for _, _, g in sorted(self.queue) if g.state == GroupState.QUEUED and g.worker == self.index]
         self.queue.clear()
         self.seqs.clear()
         self.alive = False

@@ -7,6 +7,8 @@
 - `tasks.py`: scoring a completion with a task's reward.
 - `scripted.py`, `adversarial.py`: policy drivers (scripted events; random possible interleavings).
 - `sim_policies.py`: tiny policies for the simulator tests.
+- `training_run.py`: a small training run's files written by hand (trace, metrics, summary), timed by
+  the simulator's cost model, for calibrate's replay and the plots.
 """
 
 from pathlib import Path

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.base import PolicyBase
-from planner.driver import Held, apply_decision
+from planner.driver import apply_decision
 from planner.ledger import LedgerWriter
-from planner.types import Admission, Candidate, Decision, Drop, Move
+from planner.types import Admission, Candidate, Decision, Drop, GroupState, Move
 
 
 @dataclass
@@ -56,14 +56,16 @@ class AdversarialDriver:
         apply_decision(self, d, call=call, policy=self.p.name)
 
     # The DecisionHost hooks (planner.driver).
-    def held(self, uid: int) -> Held:
+    def held(self, uid: int) -> GroupState | None:
         if uid in self.done_versions:
-            return Held.DONE
-        if uid in self.queued or uid in self.running:
-            return Held.GENERATING
+            return GroupState.DONE
+        if uid in self.running:
+            return GroupState.RUNNING
+        if uid in self.queued:
+            return GroupState.QUEUED
         if uid in self.lost:
-            return Held.LOST
-        return Held.CANDIDATE if any(c.uid == uid for c in self.pending) else Held.NOTHING
+            return GroupState.LOST
+        return GroupState.CANDIDATE if any(c.uid == uid for c in self.pending) else None
 
     def record_moves(self, moves: list[Move]) -> None:
         self.ledger.moves(moves)

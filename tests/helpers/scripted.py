@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from planner.base import PolicyBase
-from planner.driver import Held, apply_decision
-from planner.types import Admission, Candidate, Decision, Drop, Move
+from planner.driver import apply_decision
+from planner.types import Admission, Candidate, Decision, Drop, GroupState, Move
 
 
 class Deadlock(AssertionError):
@@ -80,12 +80,14 @@ class ScriptedDriver:
         return decision
 
     # The DecisionHost hooks (planner.driver).
-    def held(self, uid: int) -> Held:
+    def held(self, uid: int) -> GroupState | None:
         if uid in self.done:
-            return Held.DONE
-        if uid in self.running or uid in self.queued:
-            return Held.GENERATING
-        return Held.CANDIDATE if any(c.uid == uid for c in self._pending) else Held.NOTHING
+            return GroupState.DONE
+        if uid in self.running:
+            return GroupState.RUNNING
+        if uid in self.queued:
+            return GroupState.QUEUED
+        return GroupState.CANDIDATE if any(c.uid == uid for c in self._pending) else None
 
     def record_moves(self, moves: list[Move]) -> None:
         pass  # no ledger

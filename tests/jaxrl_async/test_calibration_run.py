@@ -7,12 +7,12 @@ import json
 import pytest
 import yaml
 
-from planner.audit import audit
-from planner.calibrate import calibrate
 from planner.ledger import read_ledger
-from planner.fidelity import compare
-from planner.run_trace import TRACE_FILE, read_run_trace
-from planner.simulate import SimulateConfig, run_simulation
+from planner.tools.audit import audit
+from planner.tools.calibrate import calibrate
+from planner.tools.fidelity import compare
+from planner.tools.run_trace import TRACE_FILE, read_run_trace
+from planner.tools.simulate import SimulateConfig, run_simulation
 from tests.helpers.train_runs import make_job, run_within
 
 pytestmark = pytest.mark.slow
@@ -61,6 +61,12 @@ def test_a_short_run_is_traced_calibrated_and_replayed_within_loose_bounds(tmp_p
     assert abs(out["steps_per_hour_error"]) < 0.5, out
     assert abs(out["trainer_busy_error"]) < 0.25 and abs(out["generator_busy_error"]) < 0.25, out
     assert out["staleness_tv"] < 0.25, out
+    # Both summaries' steady state is the fidelity's (one rule); the whole-run figures compare like
+    # with like because the replay includes the fitted compile warm-up (most of this short run).
+    assert summary["steps_per_hour_steady"] == pytest.approx(out["real"]["steps_per_hour"])
+    assert result.summary["steps_per_hour_steady"] == pytest.approx(out["sim"]["steps_per_hour"])
+    assert w["compile_s"] > 0 and cal["sim"]["trainer"]["compile_s"] > 0
+    assert result.summary["steps_per_hour"] == pytest.approx(summary["steps_per_hour"], rel=0.5), out
 
 
 def test_a_resume_cuts_the_trace_back_to_the_checkpoint_and_continues_it(tmp_path):

@@ -27,6 +27,7 @@ def test_the_recipe_runs_a_few_steps_audited_and_evaluated(tmp_path):
     assert summary["completed"] and summary["audit_ok"] and summary["steps"] == 3
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if "eval/pass_at_1" in r]
-    assert [r["eval/version"] for r in evals] == [1, 2] and all(r["eval/n"] == 4 for r in evals)
+    # The base model before the first step, then the weights after steps 1 and 2 (none after the last).
+    assert [r["eval/version"] for r in evals] == [0, 1, 2] and all(r["eval/n"] == 4 for r in evals)
     assert all(0 <= r["eval/pass_at_1"] <= 1 and r["eval/reward_errors"] == 0 for r in evals)
     assert all(0 <= r["reward_mean"] <= 1 for r in records)

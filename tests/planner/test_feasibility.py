@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from planner.base import Group
 from planner.feasibility import admission_room, feasible, slack
 from planner.policies.lookahead import Lookahead, LookaheadParams
-from planner.types import Candidate, PlanContext, Status
+from planner.types import Candidate, GroupState, PlanContext
 
 # ---------------------------------------------------------------------------------- brute force
 
@@ -229,9 +229,9 @@ def lookahead_at(*, B, eta, S, k, synced, deadlines, inflight=None, pending=Fals
     inflight = len(deadlines) if inflight is None else inflight
     for uid, d in enumerate(deadlines):
         g = Group(uid, uid, uid, synced if d is None else min(synced, d - eta), 0, deadline=d)
-        g.status = Status.RUNNING if uid < inflight else Status.DONE
+        g.status = GroupState.RUNNING if uid < inflight else GroupState.DONE
         p.groups[uid] = g
-        if g.status == Status.DONE:
+        if g.status == GroupState.DONE:
             g.finish_seq = uid
             p._done[uid] = g
     p._inflight = inflight

@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from jaxrl_async.engines.base import FinishReason, GenerationRequest, SampleOutput
-from planner.driver import VersionRuns, append_run
+from planner.versions import VersionRuns, append_run
 
 
 class RequestQueue:

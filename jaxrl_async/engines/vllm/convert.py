@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from planner.driver import append_run
+from planner.versions import append_run
 
 FINISH_REASONS = ("stop", "length", "abort")  # the contract's (engines/base.py FinishReason)
 

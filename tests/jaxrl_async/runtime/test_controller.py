@@ -12,9 +12,9 @@ import json
 import numpy as np
 import pytest
 
-from planner.audit import audit
 from planner.registry import make_policy
 from planner.sim.recorder import EventRecorder, first_divergence
+from planner.tools.audit import audit
 from planner.types import PlanContext
 from tests.helpers.train_runs import make_job, read_jsonl
 

@@ -17,11 +17,13 @@ from collections import Counter
 import pytest
 
 from jaxrl_async.checkpoint import truncate
+from jaxrl_async.engines.base import GenerationRequest
 from jaxrl_async.runtime.controller import DONE, GENERATING, sampling_seed
 from jaxrl_async.runtime.metrics import METRICS_FILE
+from jaxrl_async.runtime.outbox import Abort, Submit
 from jaxrl_async.runtime.state import from_json, to_json
-from planner.audit import audit
 from planner.ledger import LEDGER_FILE
+from planner.tools.audit import audit
 from planner.types import Admission, Decision, Drop
 from tests.helpers.controller_harness import InstantTrainer, MemoryCheckpointer, ScriptedEngine, make_controller, run
 from tests.helpers.train_runs import StepProbe, read_jsonl
@@ -44,11 +46,26 @@ def admit_first_candidate(c):
 
 
 def submits(c) -> list[str]:
-    return [p.request_id for kind, p in c._commands if kind == "submit"]
+    return [cmd.request.request_id for cmd in c._outbox.commands if isinstance(cmd, Submit)]
 
 
 def aborts(c) -> list[str]:
-    return [p for kind, p in c._commands if kind == "abort"]
+    return [cmd.request_id for cmd in c._outbox.commands if isinstance(cmd, Abort)]
+
+
+def held(c) -> list[tuple[int, GenerationRequest]]:
+    """The requests the outbox holds at their start barrier: (barrier, request)."""
+    return [(cmd.barrier, cmd.request) for cmd in c._outbox.held]
+
+
+def forget_commands(c) -> None:
+    """Drop the queued engine calls, as if they had been sent."""
+    c._outbox._commands.clear()
+
+
+def sync(c, version: int) -> None:
+    """The engine now holds `version`, as the controller's `_train` reports it to the outbox."""
+    c._outbox.synced_to(version, still_wanted=c._collector.is_open)
 
 
 # ---------------------------------------------------------------------------------- admission and the start barrier
@@ -57,8 +74,8 @@ def aborts(c) -> list[str]:
 def test_a_fresh_admission_is_submitted_at_once_with_its_attempts_seed_and_ledger_line(tmp_path):
     c = make_controller(tmp_path)
     uid = admit_first_candidate(c)
-    assert submits(c) == [f"{uid}.0"] and aborts(c) == [] and c._held == []
-    request = c._commands[0][1]
+    assert submits(c) == [f"{uid}.0"] and aborts(c) == [] and held(c) == []
+    request = c._outbox.commands[0].request
     assert request.sampling.seed == sampling_seed(0, uid, 0) and request.sampling.n == 2
     assert (request.sampling.temperature, request.sampling.top_p, request.sampling.max_new_tokens,
             request.sampling.stop_token_ids) == (0.9, 0.95, 4, (0,))  # the run's sampling settings
@@ -75,7 +92,7 @@ def test_a_regenerated_group_started_on_newer_weights_waits_for_them_then_is_sub
     the new request while its engine is older, and submits it once the engine holds that version."""
     c = make_controller(tmp_path, max_staleness=2)
     uid = admit_first_candidate(c)
-    c._commands.clear()
+    forget_commands(c)
     # A worker already on v1 started it (a Ray worker synced before the others; the engine here: v0).
     c._apply(c.policy.on_group_started(uid=uid, version=1, now=0.0), "on_group_started")
     c._apply(c.policy.on_tokens(uid=uid, version=1, tokens=3, now=0.0), "on_tokens")
@@ -83,17 +100,16 @@ def test_a_regenerated_group_started_on_newer_weights_waits_for_them_then_is_sub
     assert aborts(c) == [f"{uid}.0"] and submits(c) == []  # the old attempt aborted, the new one held
     g = c.policy.groups[uid]
     assert g.versions == {} and g.start_version is None  # regenerated from scratch, not resumed
-    assert [(v, r.request_id) for v, r in c._held] == [(1, f"{uid}.1")]
-    assert c._held[0][1].sampling.seed == sampling_seed(0, uid, 1)
+    assert [(v, r.request_id) for v, r in held(c)] == [(1, f"{uid}.1")]
+    assert held(c)[0][1].sampling.seed == sampling_seed(0, uid, 1)
     assert c.stats.groups_readmitted == 1 and c.stats.groups_admitted == 1 and uid not in c._lost
     assert not c._collector.is_open(f"{uid}.0") and c._collector.is_open(f"{uid}.1")
-    c._commands.clear()
-    c._release_held()  # still on v0
-    assert submits(c) == [] and len(c._held) == 1
-    c.version = 1
-    c._release_held()
-    assert submits(c) == [f"{uid}.1"] and c._held == []
-    c._release_held()
+    forget_commands(c)
+    sync(c, 0)  # still on v0
+    assert submits(c) == [] and len(held(c)) == 1
+    sync(c, 1)
+    assert submits(c) == [f"{uid}.1"] and held(c) == [] and c.version == 1
+    sync(c, 1)
     assert submits(c) == [f"{uid}.1"]  # released once
     c.ledger.flush()
     lines = [e for e in read_jsonl(tmp_path / LEDGER_FILE) if e["event"] == "admit"]
@@ -105,28 +121,27 @@ def test_a_barrier_equal_to_the_engines_version_is_met_and_submitted_at_once(tmp
     uid = admit_first_candidate(c)
     c.version = 3
     c._lost.add(uid)
-    c._commands.clear()
+    forget_commands(c)
     c.admit_group(Admission(uid, c.groups[uid].prompt.prompt_id, version=3, deadline=4, priority=4.0))
-    assert aborts(c) == [f"{uid}.0"] and submits(c) == [f"{uid}.1"] and c._held == []
+    assert aborts(c) == [f"{uid}.0"] and submits(c) == [f"{uid}.1"] and held(c) == []
     c._lost.add(uid)
     c.admit_group(Admission(uid, c.groups[uid].prompt.prompt_id, version=4, deadline=5, priority=5.0))
-    assert submits(c) == [f"{uid}.1"] and [r.request_id for _, r in c._held] == [f"{uid}.2"]
+    assert submits(c) == [f"{uid}.1"] and [r.request_id for _, r in held(c)] == [f"{uid}.2"]
     assert c.groups[uid].rollout.attempt == 2 and c.stats.groups_readmitted == 2
 
 
 def test_a_held_request_whose_group_was_dropped_meanwhile_is_never_submitted(tmp_path):
     c = make_controller(tmp_path)
     first, second = admit_first_candidate(c), admit_first_candidate(c)
-    c._commands.clear()
+    forget_commands(c)
     for uid, barrier in ((first, 2), (second, 1)):
         c._lost.add(uid)
         c.admit_group(Admission(uid, c.groups[uid].prompt.prompt_id, version=barrier, deadline=barrier + 1))
     assert c.stats.groups_admitted == 2 and c.stats.groups_readmitted == 2
     c.drop_group(Drop(first, 0, "test"))
-    c._commands.clear()
-    c.version = 2
-    c._release_held()
-    assert submits(c) == [f"{second}.1"] and c._held == []  # the dropped one leaves the list too
+    forget_commands(c)
+    sync(c, 2)
+    assert submits(c) == [f"{second}.1"] and held(c) == []  # the dropped one leaves the list too
 
 
 # ---------------------------------------------------------------------------------- drops
@@ -139,7 +154,7 @@ def test_dropping_a_generating_group_aborts_it_and_counts_its_tokens_as_waste(tm
     c.groups[done].phase = DONE
     c.groups[done].rollout.samples[1].token_ids = [4]
     c._lost.add(generating)
-    c._commands.clear()
+    forget_commands(c)
     c._ask = False
     c.drop_group(Drop(generating, 0, "lost"))
     assert aborts(c) == [f"{generating}.0"] and generating not in c.groups and generating not in c._lost
@@ -198,7 +213,7 @@ def test_a_policy_may_drop_a_lost_group_instead(tmp_path):
     uid = admit_first_candidate(c)
     c.groups[uid].rollout.samples[1].token_ids = [5, 6]
     c.policy.on_group_lost = lambda uid, **kw: Decision(drop=[c.policy.drop(uid, "lost")])
-    c._commands.clear()
+    forget_commands(c)
     c._regenerate(uid)  # no error: the group is accounted for
     assert aborts(c) == [f"{uid}.0"] and submits(c) == [] and uid not in c.groups and uid not in c._lost
     assert c.stats.groups_dropped == 1 and c.stats.tokens_wasted == 2 and c.stats.groups_readmitted == 0

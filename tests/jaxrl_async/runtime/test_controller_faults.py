@@ -12,7 +12,7 @@ import pytest
 
 from jaxrl_async.engines.base import GenerationEngine, SampleOutput
 from jaxrl_async.runtime.liveness import EngineHungError
-from planner.audit import audit
+from planner.tools.audit import audit
 from tests.helpers.engines import SilentRequestEngine, SlowRequestEngine, WrappedEngine
 from tests.helpers.train_runs import StepProbe, make_job, read_jsonl, run_within
 
@@ -89,7 +89,7 @@ def test_a_request_the_engine_never_returns_is_regenerated_after_the_stall_timeo
     job = make_job(tmp_path, SMALL + ["max_staleness=1", "rollout.stall_timeout_s=2"])
     engine = SilentRequestEngine(job.controller.engine, "1.0", after=after)
     job.controller.engine = engine
-    caplog.set_level(logging.WARNING, logger="jaxrl_async.runtime.controller")
+    caplog.set_level(logging.WARNING, logger="jaxrl_async.runtime.liveness")
     t0 = time.monotonic()
     summary = run_within(job, 90)
     assert engine.swallowed > 0  # the engine really kept pieces of request 1.0 back

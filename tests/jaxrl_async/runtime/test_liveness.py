@@ -1,9 +1,13 @@
-"""StallWatch: which generating groups stalled, and when the engine itself hangs (runtime/liveness.py)."""
+"""StallWatch: which generating groups stalled, and when the engine itself hangs; the watchdog task
+that acts on it (runtime/liveness.py)."""
+
+import asyncio
+import logging
 
 import pytest
 
 from jaxrl_async.runtime.config import RolloutConfig
-from jaxrl_async.runtime.liveness import EngineHungError, StallWatch
+from jaxrl_async.runtime.liveness import EngineHungError, StallWatch, watch_stalls
 from planner.configs import build
 
 
@@ -92,3 +96,70 @@ def test_a_bad_rollout_setting_is_a_one_line_error_naming_the_key(values, messag
     with pytest.raises(ValueError, match=message) as info:
         build(RolloutConfig, values, "rollout")
     assert "\n" not in str(info.value)
+
+
+class FakeHost:
+    """`StallHost` with a clock the test sets: records what the watchdog asks of the controller."""
+
+    def __init__(self, generating: list[tuple[int, str, bool]], now: float) -> None:
+        self.lock = asyncio.Lock()
+        self._generating, self._now = generating, now
+        self.regenerated: list[int] = []
+        self.saves = self.reactions = 0
+        self.stop = False
+
+    def now(self) -> float:
+        return self._now
+
+    def ended(self) -> bool:
+        return self.stop
+
+    def generating(self) -> list[tuple[int, str, bool]]:
+        return self._generating
+
+    def groups_in_flight(self) -> int:
+        return len(self._generating)
+
+    async def save_if_idle(self) -> None:
+        self.saves += 1
+
+    def regenerate_stalled(self, uid: int) -> None:
+        self.regenerated.append(uid)
+
+    async def after_event(self) -> None:
+        self.reactions += 1
+        self.stop = True  # one round is enough: the watchdog ends at its next wake-up
+
+
+def test_the_watchdog_sends_each_stalled_group_through_the_fault_path_once_then_reacts(caplog):
+    w = watch(timeout=0.04, quiet=3)
+    for rid in ("1.0", "2.0"):
+        w.submitted(rid, 0.0)
+    w.piece("2.0", 0.0)
+    w.piece("2.0", 1.0)  # group 2 streams; group 1 never did, and the engine went quiet after t=1
+    host = FakeHost([(1, "1.0", True), (2, "2.0", True)], now=1.03)
+    w.piece("2.0", 1.03)
+    with caplog.at_level(logging.WARNING, logger="jaxrl_async.runtime.liveness"):
+        asyncio.run(asyncio.wait_for(watch_stalls(w, host), 5))
+    assert host.regenerated == [1] and host.reactions == 1 and host.saves == 0
+    assert any("group 1 (request 1.0) streamed no token for 1.0 s" in r.getMessage() for r in caplog.records)
+
+
+def test_the_watchdog_saves_and_ends_the_run_with_a_one_line_error_when_the_engine_hangs():
+    w = watch(timeout=0.04, quiet=1)
+    w.submitted("1.0", 0.0)
+    w.piece(None, 0.0)  # armed; then nothing at all for 5 s
+    host = FakeHost([(1, "1.0", False)], now=5.0)
+    with pytest.raises(EngineHungError, match=r"streamed no token for 5 s through 1 stall rounds.*1 groups waiting"):
+        asyncio.run(asyncio.wait_for(watch_stalls(w, host), 5))
+    assert host.saves == 1 and host.regenerated == []  # a hung engine is not asked to regenerate
+
+
+def test_the_watchdog_ends_quietly_once_the_run_is_stopping():
+    host = FakeHost([(1, "1.0", True)], now=100.0)
+    host.stop = True
+    w = watch(timeout=0.04)
+    w.submitted("1.0", 0.0)
+    w.piece(None, 0.0)
+    asyncio.run(asyncio.wait_for(watch_stalls(w, host), 5))
+    assert host.regenerated == [] and host.reactions == 0

@@ -5,12 +5,12 @@ import json
 import pytest
 
 import planner.policies.lookahead  # noqa: F401  (registers lookahead)
-from planner.driver import STEP_KEYS, SUMMARY_KEYS
 from planner.ledger import LedgerWriter
-from planner.plots import run_plots
 from planner.registry import make_policy
+from planner.run_files import STEP_KEYS, SUMMARY_KEYS
 from planner.sim import SimConfig, Simulator, make_workload
 from planner.sim.metrics import write_outputs
+from planner.tools.plots import run_plots
 from planner.types import PlanContext
 from tests.helpers.train_runs import make_job, read_jsonl
 

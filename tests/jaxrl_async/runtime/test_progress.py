@@ -2,7 +2,7 @@
 
 import io
 
-from jaxrl_async.runtime.progress import ProgressDisplay
+from jaxrl_async.runtime.progress import STARTING, Eta, ProgressDisplay
 
 RECORD = {"step": 4, "reward_mean": 0.5, "loss": 0.01, "max_staleness_in_batch": 1, "tokens_per_s": 900.0,
           "staleness_hist": {"0": 10, "1": 30}, "generator_busy": 0.4, "trainer_busy": 0.8, "eta_s": 75.0,
@@ -15,7 +15,7 @@ def test_off_a_terminal_each_step_is_one_plain_line_with_reward_staleness_busy_a
     display.write(RECORD)
     display.write({**RECORD, "step": 5, "skipped": 1})
     display.close()
-    lines = out.getvalue().splitlines()
+    lines = out.getvalue().splitlines()[1:]
     assert lines[0] == ("step 5/10 reward 0.500 loss 0.0100 stale(max) 1 hist [0:25% 1:75%] "
                         "gen 40% train 80% 900 tok/s ETA 1m15s")
     assert lines[1].endswith("SKIPPED(non-finite loss)")
@@ -29,3 +29,48 @@ def test_the_rich_panel_shows_the_staleness_histogram_and_the_reward_so_far():
     text = out.getvalue()
     assert "policy=nemo_in_order" in text and "η=∞" in text
     assert "5 / 10" in text and "0.500" in text and "█" in text and "900 tokens/s" in text
+
+
+def test_plain_progress_says_it_compiles_before_the_first_step_and_the_first_eta_is_unknown():
+    out = io.StringIO()
+    display = ProgressDisplay(total_steps=10, policy="lookahead", max_staleness=1, mode="plain", stream=out)
+    assert out.getvalue() == STARTING + "\n" and "compiling" in STARTING  # printed at once, not at step 1
+    display.write({**RECORD, "step": 0, "eta_s": None})
+    assert out.getvalue().splitlines()[1].endswith("ETA –")
+
+
+def test_the_eta_leaves_the_first_steps_compile_out():
+    eta = Eta(total_steps=100)
+    assert eta.step_done(1, now=30.0) is None  # 30 s of compile and one step: no rate yet
+    assert eta.step_done(2, now=31.0) == 98 * 1.0
+    assert eta.step_done(5, now=34.0) == 95 * 1.0  # 4 steps in 4 s since the first: 1 s a step
+    assert eta.step_done(100, now=129.0) == 0.0
+
+
+def test_a_resumed_segment_measures_its_eta_from_its_own_first_step():
+    eta = Eta(total_steps=100)
+    assert eta.step_done(51, now=1000.0) is None
+    assert eta.step_done(53, now=1004.0) == 47 * 2.0
+
+
+def test_the_held_out_pass_rate_shows_in_the_plain_line_and_stays_in_the_panel():
+    out = io.StringIO()
+    display = ProgressDisplay(total_steps=10, policy="lookahead", max_staleness=1, mode="plain", stream=out)
+    display.write({**RECORD, "eval/pass_at_1": 0.25, "eval/version": 0})
+    display.write(RECORD)
+    lines = out.getvalue().splitlines()
+    assert "eval(v0) pass@1 0.250" in lines[1] and "eval" not in lines[2]  # once, with the record that has it
+
+    out = io.StringIO()
+    display = ProgressDisplay(total_steps=10, policy="lookahead", max_staleness=1, mode="rich", stream=out)
+    display.write({**RECORD, "eval/pass_at_1": 0.25, "eval/version": 0})
+    display.write({**RECORD, "step": 6, "eval/pass_at_1": 0.75, "eval/version": 6})
+    display.write({**RECORD, "step": 7})
+    panel = display._panel({**RECORD, "step": 7})
+    display.close()
+    from rich.console import Console
+
+    console = Console(file=io.StringIO(), width=120)
+    console.print(panel)
+    text = console.file.getvalue()
+    assert "eval pass@1" in text and "0.750 (weights v6; first: 0.250 at v0)" in text

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_async.config_nodes import register_config_nodes
+from jaxrl_async.cli.config_nodes import register_config_nodes
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.trainer.batch import pad_batch

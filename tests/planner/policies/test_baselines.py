@@ -11,7 +11,7 @@ import re
 import pytest
 
 from planner.base import Policy
-from planner.registry import POLICIES, make_policy, policy_class
+from planner.registry import NOT_GIVEN, POLICIES, given_params, make_policy, policy_class
 from planner.types import PlanContext
 from tests.helpers.scripted import ScriptedDriver, random_run
 
@@ -201,5 +201,5 @@ def test_each_policy_config_file_lists_exactly_the_native_parameters_of_its_poli
         data = yaml.safe_load((conf / f"{name}.yaml").read_text())
         assert data.pop("name") == name
         assert set(data) == {f.name for f in dataclasses.fields(policy_class(name).Params)}, name
-        assert all(v is None for v in data.values())
-        make_policy(name, ctx(), {k: v for k, v in data.items() if v is not None})
+        assert all(v == NOT_GIVEN for v in data.values()), name  # every parameter left to the policy
+        make_policy(name, ctx(), given_params(data))

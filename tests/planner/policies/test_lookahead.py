@@ -9,9 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.audit import audit
 from planner.policies.lookahead import Lookahead, LookaheadParams
-from planner.types import Candidate, PlanContext, Status
+from planner.tools.audit import audit
+from planner.types import Candidate, GroupState, PlanContext
 from tests.helpers.adversarial import AdversarialDriver
 
 
@@ -21,7 +21,7 @@ def edf_fits(deadlines: list[int], first_step: int, batch: int) -> bool:
 
 
 def wait_is_forced(p: Lookahead) -> str | None:
-    done = sorted((g for g in p.groups.values() if g.status == Status.DONE), key=lambda g: (g.deadline, g.finish_seq, g.uid))
+    done = sorted((g for g in p.groups.values() if g.status == GroupState.DONE), key=lambda g: (g.deadline, g.finish_seq, g.uid))
     if len(done) < p.B:
         return None
     chosen = {g.uid for g in done[: p.B]}

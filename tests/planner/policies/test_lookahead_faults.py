@@ -8,7 +8,7 @@ import pytest
 
 from planner.feasibility import feasible
 from planner.policies.lookahead import Lookahead, LookaheadParams
-from planner.types import Candidate, PlanContext, Status
+from planner.types import Candidate, GroupState, PlanContext
 
 
 def planner(eta=2, B=1, refine=True, steps=20) -> Lookahead:
@@ -37,7 +37,7 @@ def test_a_lost_group_that_started_on_newer_weights_is_readmitted_with_that_star
     (re,) = p.on_group_lost(uid=0, prefix_kept=prefix_kept, now=0).admit
     assert (re.uid, re.prompt_id, re.version, re.deadline, re.priority) == (0, 0, 1, 3, 3.0)  # barrier: first start
     g = p.groups[0]
-    assert g.status == Status.QUEUED and g.admit_version == 1 and g.deadline == 3 and p.counts == {3: 1}
+    assert g.status == GroupState.QUEUED and g.admit_version == 1 and g.deadline == 3 and p.counts == {3: 1}
     assert p.inflight == 1 and p.admitted_total == 1  # a re-admission is not a new admission
     if prefix_kept:  # resumed: its tokens stay, and so does its first start
         assert g.versions == {1: 4} and g.start_version == 1
@@ -95,7 +95,7 @@ def test_lost_reports_for_a_done_or_unknown_group_change_nothing():
     admitted(p, 0)
     p.on_group_started(uid=0, version=0, now=0)
     p.on_group_finished(uid=0, versions=[(0, 2)], now=0)
-    assert not p.on_group_lost(uid=0, prefix_kept=False, now=0) and p.groups[0].status == Status.DONE
+    assert not p.on_group_lost(uid=0, prefix_kept=False, now=0) and p.groups[0].status == GroupState.DONE
     assert not p.on_group_lost(uid=42, prefix_kept=False, now=0)
 
 
@@ -114,7 +114,7 @@ def test_a_checkpoint_taken_with_groups_in_flight_restores_their_barriers_and_th
     clone.load_state_dict(p.state_dict())
     assert clone.counts == p.counts == {2: 1, 3: 1} and clone.plan == p.plan
     assert {u: (g.deadline, g.start_version, g.status) for u, g in clone.groups.items()} == {
-        1: (3, 1, Status.RUNNING), 2: (2, None, Status.QUEUED)}
+        1: (3, 1, GroupState.RUNNING), 2: (2, None, GroupState.QUEUED)}
     # The resumed run regenerates both (their engine is gone): 1 keeps its barrier v1, 2 gets the synced v1.
     readmitted = [clone.on_group_lost(uid=u, prefix_kept=False, now=0).admit[0] for u in (1, 2)]
     assert [(a.uid, a.version, a.deadline) for a in readmitted] == [(1, 1, 3), (2, 1, 3)]

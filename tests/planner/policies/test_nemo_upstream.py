@@ -25,7 +25,7 @@ import pytest
 
 from planner.base import Group, Policy
 from planner.registry import make_policy, policy_class
-from planner.types import PlanContext, Status
+from planner.types import GroupState, PlanContext
 from tests.helpers.scripted import ScriptedDriver
 
 SAMPLERS = ("nemo_windowed", "nemo_ready_first", "nemo_weight_fifo", "nemo_in_order")
@@ -45,7 +45,7 @@ def fake_buffer(name: str, *, B: int, step: int, slots: list[tuple], **params):
     groups = []
     for uid, (label, weight, is_ready, target) in enumerate(rows):
         g = Group(uid, label, seq=uid, admit_version=weight, admit_step=min(weight, step),
-                  status=Status.DONE if is_ready else Status.RUNNING, start_version=weight,
+                  status=GroupState.DONE if is_ready else GroupState.RUNNING, start_version=weight,
                   planned_step=target, versions={weight: 1} if is_ready else {}, finish_seq=finish.get(uid))
         g.last_versions = (weight,) if is_ready else ()
         groups.append(g.to_json())
@@ -306,7 +306,7 @@ def test_windowed_aborts_in_flight_groups_only_below_the_weight_window_queued_on
     aborted like a running one."""
     p = fake_buffer("nemo_windowed", B=1, step=4,
                     slots=[("run2", 2, False), ("run3", 3, False), ("queued2", 2, False)], max_staleness_versions=2)
-    p.groups[2].status, p.groups[2].start_version = Status.QUEUED, None
+    p.groups[2].status, p.groups[2].start_version = GroupState.QUEUED, None
     decision = p.on_version_published(version=5, now=0.0)
     assert sorted(d.uid for d in decision.drop) == [0, 2]
     assert {d.reason for d in decision.drop} == {"nemo_abort_inflight"} and list(p.groups) == [1]

@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 import planner.policies  # noqa: F401  (registers every policy)
-from planner.audit import audit
 from planner.ledger import read_ledger
 from planner.registry import POLICIES, make_policy, policy_class
 from planner.sim.trace import TraceGroup, write_trace
-from planner.simulate import SimulateConfig, run_simulation
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, run_simulation
 from planner.types import PlanContext
 
 # The reference's table (Part II §4 and the NeMo-RL sampler table), plus ours (docs/design.md §2).

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from planner.audit import audit
 from planner.registry import make_policy
-from planner.simulate import SimulateConfig, run_simulation
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, run_simulation
 from planner.types import PlanContext
 from tests.helpers.scripted import ScriptedDriver
 

@@ -4,10 +4,10 @@ note's worked example, its worst case reaching the realized bound S + ⌈(W−1)
 
 from __future__ import annotations
 
-from planner.audit import audit
 from planner.registry import make_policy
 from planner.sim.trace import TraceGroup, write_trace
-from planner.simulate import SimulateConfig, run_simulation
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, run_simulation
 from planner.types import PlanContext
 from tests.helpers.scripted import ScriptedDriver
 

@@ -7,12 +7,12 @@ import pytest
 
 import planner.policies  # noqa: F401  (registers the baselines)
 import planner.policies.lookahead  # noqa: F401
-from planner.audit import audit
 from planner.configs import build
 from planner.ledger import LedgerWriter, read_ledger
 from planner.registry import make_policy
 from planner.sim import FaultConfig, SimConfig, Simulator, SimTrainerConfig, WorkerConfig, make_workload
 from planner.sim.trace import TraceGroup, write_trace
+from planner.tools.audit import audit
 from planner.types import PlanContext
 from tests.helpers.sim_policies import FifoCapped, NeverTrains
 
@@ -162,3 +162,21 @@ def test_the_summary_length_bias_is_the_audits_and_only_drop_policies_are_biased
         assert not drops and bias == {"ks": 0.0, "mean_length_ratio": 1.0}
     else:  # heavy tails: the stale groups a baseline drops are the long ones
         assert len(drops) > 10 and bias["ks"] > 0.1 and bias["mean_length_ratio"] < 0.9, bias
+
+
+def test_the_compile_warm_up_delays_the_first_decode_and_the_first_step_and_leaves_the_steady_state(tmp_path):
+    ctx = PlanContext(4, 2, 1, 12)
+    trainer = {"c0": 1.0, "c1": 1e-4, "wait_sync": True}
+
+    def run(name, worker_compile, trainer_compile):
+        cfg = SimConfig(workers=WorkerConfig(num_workers=1, compile_s=worker_compile),
+                        trainer=SimTrainerConfig(**trainer, compile_s=trainer_compile))
+        return simulate(tmp_path, make_policy("lookahead", ctx), ctx, cfg, name=name)[0]
+
+    plain, warm = run("plain", 0.0, 0.0), run("warm", 7.0, 11.0)
+    first, later = plain.steps[0], warm.steps[0]
+    # The first batch waits for the engine's compile; the first step takes the trainer's compile on top.
+    assert later["start_s"] == pytest.approx(first["start_s"] + 7.0)
+    assert later["end_s"] - later["start_s"] == pytest.approx(first["end_s"] - first["start_s"] + 11.0)
+    assert warm.summary["elapsed_s"] > plain.summary["elapsed_s"] + 7.0  # the whole run pays the warm-up
+    assert warm.summary["steps_per_hour_steady"] == pytest.approx(plain.summary["steps_per_hour_steady"], rel=0.05)

@@ -25,11 +25,11 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from planner.audit import audit
 from planner.configs import build
-from planner.sim.config import FaultConfig
 from planner.registry import POLICIES, policy_class
-from planner.simulate import SimulateConfig, run_simulation
+from planner.sim.config import FaultConfig
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, run_simulation
 
 policy_class("lookahead")  # registers every policy
 STRICT_BASELINES = tuple(sorted(name for name, cls in POLICIES.items() if cls.strict and name != "lookahead"))

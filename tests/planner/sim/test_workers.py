@@ -1,8 +1,9 @@
 """The continuous-batching model against hand-computed times."""
 
 from planner.sim.config import WorkerConfig
-from planner.sim.group import GState, SimGroup
+from planner.sim.group import SimGroup
 from planner.sim.workers import Worker
+from planner.types import GroupState
 
 
 def worker(**kw):
@@ -27,7 +28,7 @@ def test_every_active_sequence_advances_one_token_per_decode_step():
     # one active: 1.5 s a step, 2 more steps
     assert w.next_completion() == 7.0
     (done,) = w.complete(7.0)
-    assert done.uid == 0 and done.state == GState.DONE and done.versions == {0: 6}
+    assert done.uid == 0 and done.state == GroupState.DONE and done.versions == {0: 6}
     assert w.busy_time(10.0) == 7.0
 
 

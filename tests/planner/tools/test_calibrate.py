@@ -2,16 +2,18 @@
 the simulator takes (merged under command-line sim.* overrides), and refuses bad traces in one line."""
 
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import yaml
 
-from planner.calibrate import calibrate, main, nnls
 from planner.configs import build
-from planner.run_trace import TraceWriter
 from planner.sim import SimConfig
-from planner.simulate import SimulateConfig, sim_overrides
+from planner.tools.calibrate import calibrate, main, nnls
+from planner.tools.run_trace import TraceWriter
+from planner.tools.simulate import SimulateConfig, sim_overrides
 
 ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01, 0.003
 SPEEDS = (1.0, 0.5)
@@ -161,3 +163,96 @@ def test_a_bad_calibration_file_is_a_one_line_error_naming_it(tmp_path, text, me
     with pytest.raises(ValueError, match=message) as e:
         SimulateConfig.from_mapping(base)
     assert "\n" not in str(e.value)
+
+
+def test_the_stable_command_name_forwards_to_the_tool_and_its_exit_status(tmp_path):
+    """`python -m planner.calibrate` is a shim over `planner.tools.calibrate.main`."""
+    p = subprocess.run([sys.executable, "-m", "planner.calibrate", str(tmp_path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and p.stderr.startswith("error: ") and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+# ---------------------------------------------------------------- warnings, labels, warm-up, replay
+def test_a_decode_fit_on_one_line_warns_naming_its_coefficients_and_the_count(tmp_path, capsys):
+    run_dir = synthetic_run(tmp_path / "run", colocated=True, slowdown=0.7)
+    lines = (run_dir / "trace.jsonl").read_text().splitlines()
+    outside = [i for i, line in enumerate(lines) if '"decode"' in line and '"train"' not in line
+               and '"compile"' not in line]
+    assert len(outside) > 1  # the fit rested on many lines before
+    keep = set(outside[:1])
+    (run_dir / "trace.jsonl").write_text("\n".join(line for i, line in enumerate(lines)
+                                                   if i not in outside or i in keep) + "\n")
+    assert main([str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if line.startswith("warning: decode")]
+    assert len(warning) == 1, err
+    assert "sim.workers.decode_alpha, sim.workers.decode_beta, sim.workers.prefill_per_token" in warning[0]
+    assert "fitted to 1 line " in warning[0]
+    assert yaml.safe_load((run_dir / "calibration.yaml").read_text())["fit"]["warnings"]
+
+
+def test_a_fit_on_enough_lines_warns_nothing(tmp_path, capsys):
+    assert main([str(synthetic_run(tmp_path / "run", colocated=True, slowdown=0.7))]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_in_step_lines_are_reported_as_in_step_iterations_not_as_compiling(tmp_path, capsys):
+    # Not colocated: the 72 in-step lines are fitted with the rest; only the 12 compiling ones are left out.
+    assert main([str(synthetic_run(tmp_path / "run", colocated=False, slowdown=0.7))]) == 0
+    decode = capsys.readouterr().out.splitlines()[1]
+    assert "144 lines (72 of them in trainer steps, fitted alike; 12 compiling left out)" in decode, decode
+    assert main([str(synthetic_run(tmp_path / "coloc", colocated=True, slowdown=0.7))]) == 0
+    decode = capsys.readouterr().out.splitlines()[1]
+    assert "72 lines (outside trainer steps; the 72 in-step lines fit the colocation slowdown; 12 compiling " \
+           "left out)" in decode, decode
+
+
+def test_the_warm_up_the_fit_leaves_out_becomes_the_compile_time_of_the_replay(tmp_path):
+    from tests.helpers import training_run as R
+
+    cal = calibrate(R.write_training_run(tmp_path / "run"))
+    assert cal["sim"]["workers"]["compile_s"] == pytest.approx(R.DECODE_COMPILE, rel=1e-3)
+    assert cal["sim"]["trainer"]["compile_s"] == pytest.approx(R.TRAIN_COMPILE, rel=1e-3)
+    assert cal["fit"]["compile"] == {"decode_lines": 1, "trainer_steps": 1}
+
+
+def test_the_printed_replay_command_replays_the_run_and_matches_its_steps_per_hour(tmp_path, capsys):
+    """The command replays the run's own policy (and its parameters), η, B, n and steps; both
+    summaries' steady-state steps/h agree, and so do the whole-run figures, warm-up included."""
+    import shlex
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+    from tests.helpers import training_run as R
+
+    run_dir = R.write_training_run(tmp_path / "run")
+    assert main([str(run_dir)]) == 0
+    replay = [line for line in capsys.readouterr().out.splitlines() if line.startswith("replay: ")]
+    assert len(replay) == 1
+    argv = shlex.split(replay[0].removeprefix("replay: "))
+    assert argv[:3] == ["python", "-m", "planner.simulate"]
+    p = subprocess.run([sys.executable, *argv[1:]], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "warning" not in p.stderr, p.stderr  # the calibrated run's own context: nothing differs
+    assert p.stdout.strip().splitlines()[-1] == f"wrote {run_dir / 'replay'}"
+    real = json.loads((run_dir / "summary.json").read_text())
+    sim = json.loads((run_dir / "replay" / "summary.json").read_text())
+    assert (sim["policy"], sim["max_staleness"], sim["steps"]) == ("lookahead", R.ETA, R.STEPS)
+    assert sim["groups_trained"] == R.B * R.STEPS and sim["trajectories_trained"] == R.B * R.N * R.STEPS
+    assert sim["policy_params"]["max_untrained_groups"] == R.POLICY_PARAMS["max_untrained_groups"]
+    assert sim["steps_per_hour_steady"] == pytest.approx(real["steps_per_hour_steady"], rel=0.01)
+    assert sim["steps_per_hour"] == pytest.approx(real["steps_per_hour"], rel=0.02)
+    # non-trivial: the warm-up halves the whole-run figure
+    assert real["steps_per_hour"] < 0.6 * real["steps_per_hour_steady"]
+
+
+def test_the_replay_takes_the_policy_parameters_the_run_set_and_not_those_left_to_the_policy(tmp_path):
+    from planner.tools.calibrate import policy_params
+
+    path = tmp_path / "config.yaml"
+    path.write_text("policy:\n  name: lookahead\n  predictor: ???\n  max_untrained_groups: 4\n  kv_token_budget: null\n")
+    assert policy_params(path) == {"max_untrained_groups": 4, "kv_token_budget": None}  # null is a value
+    path.write_text("policy: {name: lookahead, predictor: null, max_untrained_groups: 4}\n")  # before ???
+    assert policy_params(path) == {"max_untrained_groups": 4}
+    assert policy_params(tmp_path / "missing.yaml") == {}

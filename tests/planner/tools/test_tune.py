@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from planner.audit import audit
-from planner.simulate import SimulateConfig, run_simulation
-from planner.tune import TuneConfig, choose, compose, prepare, rank, split, tune
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, run_simulation
+from planner.tools.tune import TuneConfig, choose, compose, prepare, rank, split, tune
 from tests.helpers import REPO
 
 # A trainer-bound cluster: four workers, B=32; a step costs ~80 s, generating its batch ~60 s.
@@ -93,7 +93,7 @@ def test_a_grid_larger_than_the_budget_is_sampled_and_keeps_the_base():
 
 
 def test_the_recommended_overrides_compose_into_a_valid_training_config():
-    from jaxrl_async.train import typed_config
+    from jaxrl_async.job.setup import typed_config
     from tests.helpers.train_runs import compose_train
 
     r = report("target=min_staleness", "eta=2", "max_staleness=2", "space.sync_mode=[drain]", "jobs=1",
@@ -120,7 +120,9 @@ def cli(*args):
         ("space.etas=[3]", "error: space.etas=[3]: must be <= eta (eta=2)"),
         ("space.caps=[0]", "error: space.caps=0: entries must be multiples of B > 0"),
         ("sim.workers.sync_mode=sideways", "error: sim.workers.sync_mode='sideways'"),
-        ("no_such_key=1", "error: Could not override 'no_such_key'."),
+        ("no_such_key=1", "error: no_such_key: unknown key (known: "),
+        ("budgt=3", "error: budgt: unknown key (did you mean budget?)"),
+        ("sim.trainer.c0=abc", "error: sim.trainer.c0='abc': must be a number"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(arg, message):
@@ -157,3 +159,14 @@ def test_a_calibration_sets_the_base_and_each_candidate_keeps_its_own_engine_slo
     assert r["base"]["max_concurrency"] == 8  # the calibration's, not the sim file's 256
     assert by_slots[8]["tokens_per_s"] == pytest.approx(r["base"]["tokens_per_s"])
     assert by_slots[256]["tokens_per_s"] > 1.5 * by_slots[8]["tokens_per_s"]  # not overwritten by the calibration
+
+
+def test_a_calibrations_compile_warm_up_is_left_out_unless_the_command_line_sets_it(tmp_path):
+    """Every candidate would pay the replay's warm-up alike: the tuner ranks the steady rate."""
+    calibration = tmp_path / "calibration.yaml"
+    calibration.write_text("sim:\n  workers: {compile_s: 2.0, t_sync: 0.5}\n  trainer: {compile_s: 3.0}\n")
+    _, base = prepare([f"calibration={calibration}"])
+    assert base["sim"]["workers"]["compile_s"] == base["sim"]["trainer"]["compile_s"] == 0.0
+    assert base["sim"]["workers"]["t_sync"] == 0.5  # the rest of the calibration stays
+    _, base = prepare([f"calibration={calibration}", "sim.trainer.compile_s=4.0"])
+    assert (base["sim"]["workers"]["compile_s"], base["sim"]["trainer"]["compile_s"]) == (0.0, 4.0)

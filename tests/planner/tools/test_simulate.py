@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from planner.audit import audit
-from planner.driver import SUMMARY_KEYS
-from planner.simulate import SimulateConfig
+from planner.run_files import SUMMARY_KEYS
+from planner.tools.audit import audit
+from planner.tools.simulate import SimulateConfig, calibration_mismatch
 from tests.helpers import REPO
 
 
@@ -21,7 +21,7 @@ def conf(tmp_path):
 
 
 def cli(module, *args, conf=None):
-    extra = ["--config-dir", str(conf)] if conf and module == "planner.simulate" else []
+    extra = ["--config-dir", str(conf)] if conf and module in ("planner.simulate", "planner.tools.simulate") else []
     return subprocess.run([sys.executable, "-m", module, *extra, *args], cwd=REPO, capture_output=True, text=True,
                           timeout=120)
 
@@ -32,12 +32,26 @@ def test_simulate_writes_the_contract_files_into_the_run_dir(tmp_path, conf):
     p = cli("planner.simulate", "policy=nemo_in_order", "max_staleness=1", "batch_groups=4", "group_size=4",
             "steps=10", "seed=3", "sim=uneven", f"hydra.run.dir={run}", conf=conf)
     assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().splitlines()[-1] == f"wrote {run}"  # where it wrote, last
     summary = json.loads((run / "summary.json").read_text())
     assert list(summary)[: len(SUMMARY_KEYS)] == list(SUMMARY_KEYS)
+    assert 0 < summary["steps_per_hour_steady"] and "in the steady state" in p.stdout
     assert summary["policy"] == "nemo_in_order" and summary["steps"] == 10 and summary["max_staleness"] == 1
     assert audit(run).ok
     for name in ("ledger.jsonl", "metrics.jsonl", "staleness_hist.png", "utilisation.png"):
         assert (run / name).stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_the_stable_command_name_and_the_tools_module_run_the_same_simulation(tmp_path, conf):
+    """`python -m planner.simulate` is a shim over `planner.tools.simulate`: same config, same ledger."""
+    args = ("policy=nemo_in_order", "max_staleness=1", "batch_groups=4", "group_size=4", "steps=6", "sim=uneven")
+    ledgers = []
+    for module in ("planner.simulate", "planner.tools.simulate"):
+        p = cli(module, *args, f"hydra.run.dir={tmp_path / module}", conf=conf)
+        assert p.returncode == 0, p.stderr
+        ledgers.append((tmp_path / module / "ledger.jsonl").read_bytes())
+    assert ledgers[0] == ledgers[1] and ledgers[0].count(b'"event":"train"') == 6
 
 
 @pytest.mark.slow
@@ -54,7 +68,7 @@ def test_simulate_multirun_sweeps_staleness(tmp_path, conf):
     [
         ("max_staleness=-1", "error: max_staleness=-1: must be >= 0"),
         ("batch_groups=0", "error: batch_groups=0: must be a positive integer"),
-        ("policy=no_such_policy", "error: policy=no_such_policy: unknown policy"),
+        ("policy=no_such_policy", "error: policy=no_such_policy: unknown option (options: areal,"),
     ],
 )
 def test_simulate_rejects_bad_input_with_one_line_and_exit_1(tmp_path, conf, arg, message):
@@ -109,3 +123,36 @@ def test_compare_writes_table_csv_and_plots_in_one_command(tmp_path, conf):
     for wl in ("lognormal", "bimodal"):
         for f in ("throughput_vs_eta", "staleness_eta1", "nemo_in_order_utilisation_eta1", "nemo_in_order_gantt_eta1"):
             assert (out / f"{wl}_{f}.png").stat().st_size > 0
+
+
+def composed_simulate(*overrides):
+    """`conf/simulate.yaml` as `python -m planner.simulate` composes it, typed."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from planner.tools.simulate import CONF_DIR, register_config_nodes
+
+    register_config_nodes()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose("simulate", overrides=list(overrides))
+    return SimulateConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True))
+
+
+def test_an_explicit_null_policy_parameter_survives_the_config_and_a_parameter_not_given_is_the_default():
+    """`policy.window_fraction=null` is torchtitan's strict FIFO, not its default 0.3."""
+    base = ("policy=torchtitan_windowed_fifo", "max_staleness=2", "batch_groups=4")
+    default, strict = composed_simulate(*base), composed_simulate(*base, "policy.window_fraction=null")
+    assert default.policy_params == {} and default.build_policy().window_size == 3
+    assert strict.policy_params == {"window_fraction": None} and strict.build_policy().window_size == 1
+
+
+def test_a_calibration_fitted_to_another_run_says_which_keys_differ_and_how_to_replay(tmp_path):
+    path = tmp_path / "calibration.yaml"
+    path.write_text("sim: {}\nrun: {policy: nemo_in_order, max_staleness: 1, batch_groups: 4, group_size: 2, "
+                    "steps: 3, replay: python -m planner.simulate X}\n")
+    same = SimulateConfig.from_mapping(base_config(max_staleness=1))
+    assert calibration_mismatch(str(path), same) is None
+    other = SimulateConfig.from_mapping(base_config(max_staleness=2, steps=7))
+    warning = calibration_mismatch(str(path), other)
+    assert "max_staleness=2 (the run's 1), steps=7 (the run's 3)" in warning and "batch_groups" not in warning
+    assert warning.endswith("to replay the run: python -m planner.simulate X") and "\n" not in warning

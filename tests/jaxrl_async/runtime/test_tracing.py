@@ -1,0 +1,79 @@
+"""The controller's trace writer (runtime/tracing.py): events at run time, the `train` line at the
+hand-over, engine iterations inside a step marked `train`, and nothing written without a trace."""
+
+from types import SimpleNamespace
+
+from jaxrl_async.engines.base import EngineTiming
+from jaxrl_async.runtime.tracing import RunTracer
+from planner.tools.run_trace import TRACE_FILE, TraceWriter, read_run_trace
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def group(prompt_tokens: int, lengths: list[int]):
+    samples = [SimpleNamespace(token_ids=[7] * n) for n in lengths]
+    return SimpleNamespace(prompt_ids=[1] * prompt_tokens, samples=samples)
+
+
+def tracer(tmp_path):
+    clock = Clock()
+    return RunTracer(TraceWriter(tmp_path / TRACE_FILE, append=False), clock), clock
+
+
+def lines(tmp_path, t: RunTracer) -> list[dict]:
+    t.flush()
+    return list(read_run_trace(tmp_path / TRACE_FILE))
+
+
+def test_an_event_is_written_at_the_clocks_run_time_with_its_fields(tmp_path):
+    t, clock = tracer(tmp_path)
+    clock.t = 1.25
+    t.event("admit", uid=3, attempt=0, prompt_id="p", prompt_tokens=4, version=0)
+    assert lines(tmp_path, t) == [{"event": "admit", "t": 1.25, "uid": 3, "attempt": 0, "prompt_id": "p",
+                                   "prompt_tokens": 4, "version": 0}]
+
+
+def test_a_steps_train_line_is_dated_at_its_hand_over_with_its_token_counts(tmp_path):
+    t, clock = tracer(tmp_path)
+    clock.t = 2.0
+    t.handed_over()
+    clock.t = 5.0
+    t.step_trained(0, [group(3, [2, 4]), group(5, [1, 1])], start_s=2.5, train_s=2.0)
+    assert lines(tmp_path, t) == [{"event": "train", "t": 2.0, "step": 0, "start": 2.5, "end": 4.5, "groups": 2,
+                                   "tokens": 8, "prompt_tokens": 16}]
+
+
+def test_engine_iterations_inside_a_steps_window_are_marked_train_and_loads_dated_by_the_engine_clock(tmp_path):
+    t, clock = tracer(tmp_path)
+    clock.t = 10.0
+    t.handed_over()
+    clock.t = 20.0
+    t.step_trained(0, [group(1, [1])], start_s=10.0, train_s=9.0)  # window (10, 20) in run seconds
+    clock.t = 30.0
+    timings = [EngineTiming("decode", 0, t=114.0, seconds=2.0, steps=4, tokens=8),  # run 14-16: inside the step
+               EngineTiming("decode", 0, t=124.0, seconds=2.0, steps=4, tokens=8),  # run 24-26: after it
+               EngineTiming("load", 0, t=121.0, seconds=0.5, version=1)]
+    t.engine(timings, run_s=lambda mono: mono - 100.0)
+    out = [e for e in lines(tmp_path, t) if e["event"] != "train"]
+    assert out[0] == {"event": "load", "t": 21.0, "version": 1, "worker": 0, "s": 0.5}
+    decode = [e for e in out if e["event"] == "decode"]
+    assert [(e.get("train", False), e["calls"], e["t"]) for e in decode] == [(False, 1, 30.0), (True, 1, 30.0)]
+    t.engine([EngineTiming("decode", 0, t=115.0, seconds=2.0, steps=4, tokens=8)], run_s=lambda mono: mono - 100.0)
+    assert not lines(tmp_path, t)[-1].get("train")  # the windows were drained with the first timings
+
+
+def test_without_a_trace_nothing_is_written_and_the_steps_windows_do_not_pile_up(tmp_path):
+    clock = Clock()
+    t = RunTracer(None, clock)
+    t.event("admit", uid=1)
+    t.handed_over()
+    t.step_trained(0, [group(1, [1])], start_s=0.0, train_s=1.0)
+    t.engine([EngineTiming("decode", 0, t=0.5, seconds=0.1, steps=1, tokens=1)], run_s=float)
+    t.flush(sync=True)
+    assert not t.enabled and t._train_windows == [] and not (tmp_path / TRACE_FILE).exists()
