@@ -83,6 +83,12 @@ def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir:
     return out
 
 
+def _by_kind(out: Mapping[str, Any]) -> str:
+    """" (timeout 3, ValueError 1)": the final report's reward errors by kind (none: nothing)."""
+    kinds = out.get("reward_errors_by_type") or {}
+    return f" ({', '.join(f'{k} {n}' for k, n in sorted(kinds.items()))})" if kinds else ""
+
+
 def _steady(out: Mapping[str, Any]) -> str:
     """The steady-state rate beside the whole-run one: the whole run includes the compile."""
     steady = out.get("steps_per_hour_steady")
@@ -110,7 +116,7 @@ def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
     lines += [
         f"busy: generator {100 * out['generator_busy_fraction']:.0f}%, trainer {100 * out['trainer_busy_fraction']:.0f}%;"
         f" groups: {out['groups_admitted']} admitted, {out['groups_trained']} trained, {out['groups_dropped']} dropped"
-        f" ({out['tokens_wasted']} tokens wasted); reward errors: {out['reward_errors']}",
+        f" ({out['tokens_wasted']} tokens wasted); reward errors: {out['reward_errors']}{_by_kind(out)}",
         f"token staleness: max {out['max_token_staleness']}, mean {out['mean_token_staleness']:.2f}, "
         f"histogram {out['staleness_histogram']}",
     ]

@@ -451,14 +451,26 @@ def _embed(cfg: ModelConfig, embed: jax.Array, tokens: jax.Array, positions: jax
     return embed[tokens], *rope_cos_sin(cfg, positions)
 
 
+def unembedding(cfg: ModelConfig, embed: jax.Array, lm_head: jax.Array | None) -> jax.Array:
+    """The LM head as an [E, V] matrix: the embedding's transpose when tied (a transposed
+    operand, not a copy), else `lm_head`."""
+    return embed.T if cfg.tie_word_embeddings else lm_head
+
+
+def project_logits(x: jax.Array, head: jax.Array) -> jax.Array:
+    """Final-normed hidden states x [..., E] times the head [E, V] -> float32 logits [..., V].
+
+    Tokens are flattened as in `dense`. The one rule for logits: the full forward and the
+    trainer's chunked log-probs (jaxrl_async/trainer/step.py) both call it."""
+    logits = jnp.dot(x.reshape(-1, x.shape[-1]), head, preferred_element_type=jnp.float32)
+    return logits.reshape(*x.shape[:-1], -1).astype(jnp.float32)
+
+
 def _logits(cfg: ModelConfig, x: jax.Array, final_norm: jax.Array, embed: jax.Array,
             lm_head: jax.Array | None) -> jax.Array:
     """Final norm and LM head: x [B, T, E] -> float32 logits [B, T, V]."""
     x = rms_norm(x, final_norm, cfg.rms_norm_eps)
-    # [V, E] used as [E, V] (tied) is a transposed operand, not a copy; tokens flattened as in `dense`.
-    head = embed.T if cfg.tie_word_embeddings else lm_head
-    logits = jnp.dot(x.reshape(-1, cfg.hidden_size), head, preferred_element_type=jnp.float32)
-    return logits.reshape(*x.shape[:-1], -1).astype(jnp.float32)
+    return project_logits(x, unembedding(cfg, embed, lm_head))
 
 
 # Rematerialisation (`Transformer.__call__(remat=...)`, `TrainerConfig.remat`): the scanned layer
@@ -512,6 +524,18 @@ class Transformer(nnx.Module):
         Causal attention among the T tokens of a row (right padding is harmless); with
         `segments` [B, T], only among tokens of the same segment (packed sequences).
         """
+        return project_logits(self.hidden_states(tokens, positions, segments, remat=remat), self.head())
+
+    def head(self) -> jax.Array:
+        """The LM head as [E, V] (`unembedding`): `project_logits(hidden_states(...), head())`
+        are the logits of `__call__`."""
+        return unembedding(self.cfg, self.embed[...], None if self.cfg.tie_word_embeddings else self.lm_head[...])
+
+    def hidden_states(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array | None = None, *,
+                      remat: str = "none") -> jax.Array:
+        """The last layer's output after the final norm, [B, T, E] in the params' dtype: what the
+        LM head multiplies, for a caller that computes the logits in pieces (the trainer's
+        `logits_chunk`) instead of as one [B, T, V] array."""
         cfg = self.cfg
         x, cos, sin = _embed(cfg, self.embed[...], tokens, positions)
         attend = causal_attend(segments)
@@ -524,8 +548,7 @@ class Transformer(nnx.Module):
             # the forward pass, so prevent_cse's optimization barriers would only constrain it.
             layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
         x, _ = jax.lax.scan(layer, x, self.layers.stacked())
-        lm_head = None if cfg.tie_word_embeddings else self.lm_head[...]
-        return _logits(cfg, x, self.final_norm[...], self.embed[...], lm_head)
+        return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
 
 
 # ------------------------------------------------------------------- generation forward

@@ -1,18 +1,28 @@
 """Score a finished group: decode every sample and ask the task for its reward, all at once.
 
-`Task.reward` never raises (a failing, hanging or garbage-returning reward function scores 0.0
-with the reason attached, see `tasks/rewards.py`); this module collects the values and the
-errors so that the controller can count them and still train the group, and says why they failed:
-`RewardErrorLog` logs the first few reasons verbatim and counts all of them by kind (summary.json
-`reward_errors_by_type`, with one line at the end of the run) — a count alone hides whether a
-reward service is down, a function has a bug, or the timeout is too short.
+`Task.reward` never raises (a failing, hanging or garbage-returning reward function scores the
+fallback for that sample with the reason attached, see `tasks/rewards.py`); this module collects
+the values and the errors so that the controller can count them, says why they failed, and
+decides when the failures are too many to train on:
+
+- `RewardErrorLog` logs the first few reasons verbatim and counts all of them by kind
+  (summary.json `reward_errors_by_type`, one line at the end of the run and in the final
+  report) — a count alone hides whether a reward service is down, a function has a bug, or the
+  timeout is too short.
+- `RewardFailureGate` keeps the outcome of the last batch's worth of rewards (batch_groups x
+  group_size, in the order they were scored) and, once that many were scored, says when more
+  than `task.max_reward_failure_rate` of them failed. The controller asks it before the policy
+  hears that a group is done, so the group never reaches a batch: the run saves a checkpoint and
+  ends with `RewardFailureError` (one `error:` line). A trailing window rather than the batch
+  the policy is about to select, because the check must come before the policy's decision for
+  the checkpoint to be consistent; with every group at the same failure share the two agree.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass
 
 from jaxrl_async.runtime.rollouts import GroupRollout
@@ -26,14 +36,16 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class GroupScore:
     rewards: list[float]
-    errors: list[RewardResult]  # one per failed sample (its reward is 0.0), with its reason and kind
+    errors: list[RewardResult]  # one per failed sample (its reward is the fallback), with its reason and kind
+    failed: tuple[bool, ...] = ()  # per sample, in sample order: its reward failed
 
 
 async def score_group(task: Task, tokenizer: Tokenizer, prompt: Prompt, group: GroupRollout) -> GroupScore:
     """Rewards of the group's samples, in sample order (the stop token is not part of the text)."""
     results = await asyncio.gather(*(
         task.reward(prompt, tokenizer.decode(s.token_ids), s.token_ids) for s in group.samples))
-    return GroupScore([r.value for r in results], [r for r in results if r.error is not None])
+    return GroupScore([r.value for r in results], [r for r in results if r.error is not None],
+                      tuple(r.error is not None for r in results))
 
 
 class RewardErrorLog:
@@ -58,3 +70,27 @@ class RewardErrorLog:
         """One line with every count, at the end of the run (nothing when there was no error)."""
         if counts:
             log.warning("reward errors by kind: %s", ", ".join(f"{k} {n}" for k, n in sorted(counts.items())))
+
+
+class RewardFailureError(ValueError):
+    """Too many rewards of the last batch's worth failed: the run stops rather than train on them
+    (a ValueError, so the entry point prints one `error:` line and exits 1)."""
+
+
+class RewardFailureGate:
+    """The trailing window of reward outcomes and the rule that stops the run (module docstring)."""
+
+    def __init__(self, max_rate: float, window: int) -> None:
+        if not 0.0 <= max_rate <= 1.0:
+            raise ValueError(f"task.max_reward_failure_rate={max_rate!r}: must be in [0, 1]")
+        self.max_rate = max_rate
+        self._failed: deque[bool] = deque(maxlen=window)
+
+    def add(self, score: GroupScore) -> str | None:
+        """Record one group's rewards; the stop's reason when the window's failure share passes the rate."""
+        self._failed.extend(score.failed)
+        n, bad = len(self._failed), sum(self._failed)
+        if n < self._failed.maxlen or bad <= self.max_rate * n:
+            return None
+        return (f"{bad} of the last {n} rewards failed ({bad / n:.0%} > task.max_reward_failure_rate="
+                f"{self.max_rate:g}); stopped before training on them; the log names the first errors")

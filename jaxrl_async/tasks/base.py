@@ -13,26 +13,30 @@ To add a task: subclass `TaskConfig` (a frozen dataclass, every field with a def
 comment) and `Task` (set `name` and `config_class`, implement `examples` and `score`, and
 `test_examples` when it has a held-out split), decorate it with `@register_task`, import its
 module in `tasks/__init__.py` and add `conf/task/<name>.yaml`.
-Every task also takes `reward_fn` (a user function that replaces `score`) and `reward_timeout_s`.
+Every task also takes `reward_fn` (a user function that replaces `score`), `reward_timeout_s`,
+`reward_workers` and `max_reward_failure_rate`.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
 import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from jaxrl_async.tasks.rewards import RewardResult, RewardRunner, load_reward_fn
+from jaxrl_async.tasks.reward_pool import RewardPool
+from jaxrl_async.tasks.rewards import RewardResult, RewardRunner
 from jaxrl_async.tasks.stream import PromptStream
 from jaxrl_async.tokenizer import Tokenizer
 from planner.configs import build, check
 
 
 SPLITS = ("train", "test")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -64,21 +68,29 @@ class TaskConfig:
     # `(prompt_text, completion_text, answer) -> float`, sync or async; replaces the task's own
     # `score`. `prompt_text` is the raw user message (Prompt.meta["content"]).
     reward_fn: str | None = None
-    # A reward that takes longer scores 0.0 with an error (the run goes on; the call is abandoned).
+    # A reward call that takes longer scores the fallback (0.0) with a `timeout` error; a user
+    # `reward_fn` runs in a worker process, which is killed at this deadline (tasks/reward_pool.py).
     reward_timeout_s: float = 30.0
-    # Sync reward calls at once, each in a daemon thread of the task's own (tasks/rewards.py).
+    # Reward worker processes (user `reward_fn`, gsm8k's math-verify): calls that run at once.
     reward_workers: int = 8
-    # Abandoned (timed-out) calls that may still run; beyond it a reward scores 0.0 without a call
-    # until one of them returns, so a function that always hangs cannot pile up threads.
-    reward_max_hung: int = 32
+    # Deprecated and ignored: hung reward calls are killed now, so no abandoned call is left to cap.
+    reward_max_hung: int | None = None
+    # The run stops (one `error:` line, a checkpoint to resume from) when more than this share of
+    # the last batch's worth of rewards (batch_groups x group_size) failed: it never trains on a
+    # batch of fallback scores. 1.0: never stop; 0.0: stop at the first batch with any failure.
+    max_reward_failure_rate: float = 0.5
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
             _check_type(f.name, getattr(self, f.name), hints[f.name])
         check(self.reward_timeout_s > 0, "task.reward_timeout_s", self.reward_timeout_s, "must be > 0")
-        for name in ("reward_workers", "reward_max_hung"):
-            check(getattr(self, name) >= 1, f"task.{name}", getattr(self, name), "must be an int >= 1")
+        check(self.reward_workers >= 1, "task.reward_workers", self.reward_workers, "must be an int >= 1")
+        check(0.0 <= self.max_reward_failure_rate <= 1.0, "task.max_reward_failure_rate",
+              self.max_reward_failure_rate, "must be in [0, 1] (a share of a batch's rewards)")
+        if self.reward_max_hung is not None:
+            log.warning("task.reward_max_hung=%s is deprecated and ignored: a hung reward call is killed at "
+                        "task.reward_timeout_s (tasks/reward_pool.py); drop the key", self.reward_max_hung)
 
 
 def _check_type(key: str, value: Any, hint: Any) -> None:
@@ -99,16 +111,24 @@ class Task(abc.ABC):
 
     name: ClassVar[str]
     config_class: ClassVar[type[TaskConfig]]
+    # Dotted path of a module-level `(answer, completion_text) -> float` that replaces `score` and
+    # runs in the reward worker processes: for a verifier that may hang (tasks/rewards.py).
+    isolated_score: ClassVar[str | None] = None
 
     def __init__(self, cfg: TaskConfig):
         if not isinstance(cfg, self.config_class):
             raise ValueError(f"task {self.name!r} needs a {self.config_class.__name__}, got {type(cfg).__name__}")
         self.cfg = cfg
         # Resolved here, at start-up: a bad dotted path must not surface at the first reward.
-        user_fn = load_reward_fn(cfg.reward_fn) if cfg.reward_fn is not None else None
-        pool = {"max_workers": cfg.reward_workers, "max_hung": cfg.reward_max_hung}
-        self._user_reward = None if user_fn is None else RewardRunner(user_fn, cfg.reward_timeout_s, **pool)
-        self._own_reward = RewardRunner(self.score, cfg.reward_timeout_s, **pool)
+        # Where each reward runs is decided per reward (tasks/rewards.py): a user function or an
+        # `isolated_score` in killable worker processes, a built-in `score` in-process.
+        if cfg.reward_fn is not None:
+            self._pool = RewardPool(cfg.reward_fn, cfg.reward_timeout_s, workers=cfg.reward_workers)
+        elif self.isolated_score is not None:
+            self._pool = RewardPool(self.isolated_score, cfg.reward_timeout_s, workers=cfg.reward_workers)
+        else:
+            self._pool = None
+        self._own_reward = RewardRunner(self.score, cfg.reward_timeout_s)
 
     @abc.abstractmethod
     def examples(self) -> list[Example]:
@@ -125,13 +145,16 @@ class Task(abc.ABC):
     @abc.abstractmethod
     async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
         """The task's own reward for one completion of `prompt` (may raise; `reward` contains it).
-        A task whose score is CPU work may define it as a plain `def`: it then runs in the task's
-        own daemon threads under the timeout, like a sync `reward_fn` (tasks/rewards.py)."""
+        It runs in-process on the event loop: string work only. A verifier that may be slow or
+        hang sets `isolated_score` instead (tasks/rewards.py)."""
 
     async def reward(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> RewardResult:
-        """What the runtime calls: the user's `reward_fn` if configured, else `score`; never raises."""
-        if self._user_reward is not None:
-            return await self._user_reward(prompt.meta["content"], completion_text, prompt.answer)
+        """What the runtime calls: the user's `reward_fn` if configured, else `isolated_score`, else
+        `score`; never raises (a failure is the fallback with its reason, tasks/rewards.py)."""
+        if self.cfg.reward_fn is not None:
+            return await self._pool(prompt.meta["content"], completion_text, prompt.answer)
+        if self._pool is not None:
+            return await self._pool(prompt.answer, completion_text)
         return await self._own_reward(prompt, completion_text, completion_ids)
 
     def make_stream(self, tokenizer: Tokenizer, chat_template: str | None, *, seed: int,

@@ -7,8 +7,8 @@ FILE:LINE. Without `path`, the task uses the 8-problem sample shipped in `tasks/
 
 Prompt: the question plus `instruction` (ask for the final answer in \\boxed{}), rendered with the
 model's chat template. Reward: 1.0 if `math_verify.verify(parse(gold), parse(completion))`, else
-0.0. math-verify's own timeouts use SIGALRM, which works only on the main thread; the runtime
-scores in worker threads, so they are off here and `reward_timeout_s` (RewardRunner) bounds it.
+0.0. math-verify's own timeouts use SIGALRM, which works only on the main thread, so they are off;
+the reward runs in the killable reward worker processes and `reward_timeout_s` bounds it.
 """
 
 from __future__ import annotations
@@ -75,6 +75,13 @@ class GSM8KTask(Task):
                                     f"{row['question'].strip()}\n\n{self.cfg.instruction}", final))
         return examples
 
-    def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
-        # sympy work, sync: the RewardRunner runs it in the task's daemon threads under the timeout.
-        return 1.0 if is_correct(prompt.answer, completion_text) else 0.0
+    # sympy work that can hang on adversarial input: in the killable reward workers (tasks/reward_pool.py).
+    isolated_score = "jaxrl_async.tasks.gsm8k:correctness"
+
+    async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
+        return correctness(prompt.answer, completion_text)  # unused: `isolated_score` replaces it
+
+
+def correctness(answer: str, completion_text: str) -> float:
+    """The reward: 1.0 if math-verify judges `completion_text` correct, else 0.0."""
+    return 1.0 if is_correct(answer, completion_text) else 0.0

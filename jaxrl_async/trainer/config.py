@@ -57,6 +57,12 @@ class TrainerConfig:
     # needs, "full" only each layer's input (recomputing the layer), the other names keep what
     # their jax.checkpoint policy saves (jaxrl_async/models/transformer.py REMAT_POLICIES).
     remat: str = "none"
+    # Tokens per chunk of the LM head in the loss: 0 computes the [tokens, vocab] logits of a
+    # micro-batch at once; N > 0 computes them for about N tokens at a time (every row of the
+    # micro-batch, max(1, N // rows) positions each) and recomputes each chunk in the backward
+    # pass, so the logits' temporaries shrink to a chunk's for one extra head matmul. The same
+    # gradients up to float roundoff (jaxrl_async/trainer/step.py chunked_token_stats).
+    logits_chunk: int = 0
     mesh: MeshConfig = field(default_factory=MeshConfig)
 
     def __post_init__(self) -> None:
@@ -64,4 +70,6 @@ class TrainerConfig:
               self.num_microbatches, "must be an int >= 1")
         check(self.compute_dtype in COMPUTE_DTYPES, "TrainerConfig.compute_dtype", self.compute_dtype,
               f"must be one of {COMPUTE_DTYPES}")
+        check(isinstance(self.logits_chunk, int) and not isinstance(self.logits_chunk, bool) and self.logits_chunk >= 0,
+              "trainer.logits_chunk", self.logits_chunk, "must be an int >= 0 (0: whole logits; N: tokens per chunk)")
         check(self.remat in REMAT_CHOICES, "trainer.remat", self.remat, f"must be one of {', '.join(REMAT_CHOICES)}")

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxrl_async.models.transformer import project_logits
 from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, m2po_cutoff, policy_loss
@@ -37,28 +38,83 @@ from jaxrl_async.trees import cast_floats
 Params = Any  # nested dict of arrays (nnx.State.to_pure_dict()), what nnx.merge accepts
 
 
+def _token_stats(logits: jax.Array, targets: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """logits [..., V], targets [...] int32 -> (log-prob of each target, entropy), both [...] f32."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [..., V]
+    token_logp = jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+    return token_logp, entropy
+
+
+def chunk_positions(rows: int, positions: int, logits_chunk: int) -> int:
+    """Positions of every row that one chunk of `logits_chunk` tokens covers: a chunk spans all
+    `rows` (so a row-sharded batch stays sharded chunk by chunk) and floor(logits_chunk / rows)
+    positions, at least 1 and at most `positions`."""
+    return min(positions, max(1, logits_chunk // rows))
+
+
+def chunked_token_stats(hidden: jax.Array, head: jax.Array, targets: jax.Array,
+                        logits_chunk: int) -> tuple[jax.Array, jax.Array]:
+    """`_token_stats` of the logits `project_logits(hidden, head)`, without ever holding them.
+
+    hidden [B, S, E] (final-normed), head [E, V], targets [B, S] -> (token log-probs, entropy)
+    [B, S] f32, equal to the full computation's. The S positions are split into chunks of
+    `chunk_positions(B, S, logits_chunk)`; the tail chunk is padded with zero hidden states and
+    target 0, and the padded positions are cut off the result, so they get no cotangent and add
+    nothing to any gradient. `lax.map` runs one chunk at a time and `jax.checkpoint` on its body
+    makes the backward pass recompute a chunk's [B, C, V] logits instead of saving them: the
+    temporaries are a few [B, C, V] arrays where the full path holds several [B, S, V] ones, for
+    one extra head matmul. The entropy is only reported, so it carries no gradient.
+    """
+    rows, positions, _ = hidden.shape
+    c = chunk_positions(rows, positions, logits_chunk)
+    n = -(-positions // c)
+    pad = n * c - positions
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    # [B, n*C, ...] -> [n, B, C, ...]: chunk j holds positions [j*C, (j+1)*C) of every row.
+    xs = (hidden.reshape(rows, n, c, -1).swapaxes(0, 1), targets.reshape(rows, n, c).swapaxes(0, 1))
+    # The map sums the head's gradient over the chunks in its closed-over operand's dtype: float32,
+    # so that a bfloat16 head is not rounded once per chunk; the matmul still runs in `head.dtype`.
+    head32 = head.astype(jnp.float32)
+
+    @jax.checkpoint
+    def one_chunk(x):
+        h, t = x  # [B, C, E], [B, C]
+        token_logp, entropy = _token_stats(project_logits(h, head32.astype(head.dtype)), t)
+        return token_logp, jax.lax.stop_gradient(entropy)
+
+    token_logp, entropy = jax.lax.map(one_chunk, xs)  # [n, B, C]
+    unchunk = lambda y: y.swapaxes(0, 1).reshape(rows, n * c)[:, :positions]  # noqa: E731
+    return unchunk(token_logp), unchunk(entropy)
+
 def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                      compute_dtype: str = "float32", remat: str = "none") -> tuple[jax.Array, jax.Array]:
+                      compute_dtype: str = "float32", remat: str = "none",
+                      logits_chunk: int = 0) -> tuple[jax.Array, jax.Array]:
     """Per-token log-prob of tokens[:, t] given tokens[:, :t], and the entropy of that prediction.
 
     tokens [B, T] int32 -> (logprobs [B, T] f32, entropy [B, T] f32); column 0 (no prefix) is 0.
-    `remat` (`TrainerConfig.remat`) only changes what a backward pass keeps, never the values.
+    `remat` (`TrainerConfig.remat`) only changes what a backward pass keeps, never the values;
+    `logits_chunk` (`TrainerConfig.logits_chunk`) > 0 computes the logits that many tokens at a
+    time (`chunked_token_stats`), which changes the memory and roundoff only.
     """
     model = nnx.merge(graphdef, cast_floats(params, compute_dtype))
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
-    logits = model(tokens, positions, remat=remat)  # [B, T, V] f32
-    logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)  # [B, T-1, V]
-    token_logp = jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1)[..., 0]  # [B, T-1]
-    entropy = -jnp.sum(jnp.exp(logp) * logp, axis=-1)  # [B, T-1]
+    if logits_chunk:
+        hidden = model.hidden_states(tokens, positions, remat=remat)  # [B, T, E]
+        token_logp, entropy = chunked_token_stats(hidden[:, :-1], model.head(), tokens[:, 1:], logits_chunk)
+    else:
+        logits = model(tokens, positions, remat=remat)  # [B, T, V] f32
+        token_logp, entropy = _token_stats(logits[:, :-1], tokens[:, 1:])  # [B, T-1]
     pad = ((0, 0), (1, 0))
     return jnp.pad(token_logp, pad), jnp.pad(entropy, pad)
 
 
-@partial(jax.jit, static_argnames=("graphdef", "compute_dtype"))
+@partial(jax.jit, static_argnames=("graphdef", "compute_dtype", "logits_chunk"))
 def compute_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                     compute_dtype: str = "float32") -> jax.Array:
+                     compute_dtype: str = "float32", logits_chunk: int = 0) -> jax.Array:
     """[B, T] per-token log-probs (e.g. the reference policy's, for `TrainBatch.ref_logprobs`)."""
-    return sequence_logprobs(graphdef, params, tokens, compute_dtype)[0]
+    return sequence_logprobs(graphdef, params, tokens, compute_dtype, logits_chunk=logits_chunk)[0]
 
 
 def _split_rows(tree: Any, k: int) -> Any:
@@ -72,7 +128,8 @@ def _m2po_cutoff_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: 
     The trust region is a statistic of the whole batch's log(pi_prox / mu), so with several
     micro-batches one no-grad forward of each comes first (the cut-off does not depend on row
     order, so the split rows serve as they are)."""
-    prox = jax.lax.map(lambda tokens: sequence_logprobs(graphdef, params, tokens, cfg.compute_dtype)[0],
+    prox = jax.lax.map(lambda tokens: sequence_logprobs(graphdef, params, tokens, cfg.compute_dtype,
+                                                        logits_chunk=cfg.logits_chunk)[0],
                        micro["tokens"])  # [k, N/k, T]
     mask = micro["metric_weights"] > 0
     log_ratio = jnp.where(mask, jax.lax.stop_gradient(prox) - micro["behaviour_logprobs"], 0.0)
@@ -94,7 +151,8 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
         micro["m2_cutoff"] = _m2po_cutoff_rows(graphdef, params, micro, cfg)
 
     def micro_loss(p: Params, mb: dict) -> tuple[jax.Array, dict]:
-        logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype, cfg.remat)
+        logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype, cfg.remat,
+                                              cfg.logits_chunk)
         terms = {k: v for k, v in mb.items() if k != "tokens"}
         return policy_loss(logprobs, cfg=cfg.loss, entropy=entropy, **terms)
 

@@ -173,7 +173,8 @@ class Trainer:
 
     def logprobs(self, tokens: jax.Array) -> jax.Array:
         """[B, T] per-token log-probs of `tokens` under the current params (as in the loss)."""
-        return compute_logprobs(self._graphdef, self._params, jnp.asarray(tokens), self.cfg.compute_dtype)
+        return compute_logprobs(self._graphdef, self._params, jnp.asarray(tokens), self.cfg.compute_dtype,
+                                self.cfg.logits_chunk)
 
     # ------------------------------------------------------------------ checkpoints
 

@@ -5,6 +5,7 @@
 - `engines.py`: reading and comparing a generation engine's output stream.
 - `fake_vllm.py`: hand-written stand-ins for vLLM's `AsyncLLM` and its worker.
 - `tasks.py`: scoring a completion with a task's reward.
+- `reward_fns.py`: user reward functions that hang, raise or die on some prompts (light to import).
 - `scripted.py`, `adversarial.py`: policy drivers (scripted events; random possible interleavings).
 - `sim_policies.py`: tiny policies for the simulator tests.
 - `training_run.py`: a small training run's files written by hand (trace, metrics, summary), timed by

@@ -1,6 +1,9 @@
 """`python -m jaxrl_async.eval`: a model scored on a task's held-out split."""
 
 import json
+import os
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,10 +30,14 @@ def status_and_error(err: str) -> tuple[list[str], str | None]:
 
 
 def answer_is_greedy_reward(prompt_text: str, completion_text: str, answer) -> float:
-    """A user reward that passes exactly the completions this test module precomputed."""
-    return float(completion_text == EXPECTED.get(prompt_text))
+    """A user reward that passes exactly the completions this test module precomputed. It runs in
+    a reward worker process (tasks/reward_pool.py), so it reads them from EXPECTED_FILE."""
+    return float(completion_text == json.loads(EXPECTED_FILE.read_text()).get(prompt_text))
 
 
+# Named in the environment at import, before any reward worker starts, so that workers inherit it.
+EXPECTED_FILE = Path(os.environ.setdefault(
+    "JAXRL_ASYNC_TEST_EVAL_EXPECTED", str(Path(tempfile.gettempdir()) / f"jaxrl_async_eval_expected_{os.getpid()}.json")))
 EXPECTED: dict[str, str] = {}
 
 
@@ -61,6 +68,7 @@ def test_greedy_pass_at_1_counts_the_completions_whose_reward_reaches_the_thresh
             logits = loaded.model(np.asarray([ids], np.int32), np.arange(len(ids), dtype=np.int32)[None])
             ids.append(int(np.argmax(logits[0, -1])))
         EXPECTED[example.content] = tok.decode(ids[-3:]) if i % 2 == 0 else "wrong"
+    EXPECTED_FILE.write_text(json.dumps(EXPECTED))
     code, out, err = run_main(
         capsys, "task.alphabet=abcd", f"+task.reward_fn={__name__}:answer_is_greedy_reward", "max_new_tokens=3",
         "samples=3", "output=json")

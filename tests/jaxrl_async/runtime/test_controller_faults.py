@@ -31,7 +31,9 @@ def flaky_reward(prompt_text: str, completion_text: str, answer) -> float:
 
 
 def test_a_reward_function_that_raises_or_times_out_scores_zero_is_counted_and_the_group_is_trained(tmp_path):
+    # Every reward fails here: the failure-rate stop (tests/faults/test_reward_faults.py) is off.
     job = make_job(tmp_path, SMALL + ["task.alphabet=ab", "task.num_prompts=4", "task.reward_timeout_s=0.2",
+                                      "task.max_reward_failure_rate=1",
                                       "task.reward_fn=tests.jaxrl_async.runtime.test_controller_faults:flaky_reward"])
     summary = job.run()
     # Every sample of every prompt failed: half raised, half timed out.

@@ -22,7 +22,7 @@ def test_every_conf_task_yaml_builds_its_registered_task():
 def test_an_unknown_key_a_wrong_type_or_an_unknown_task_is_a_one_line_error_naming_it():
     with pytest.raises(ValueError, match=r"task.alphabett: unknown key for task 'repeat_letter'"):
         build_task({"name": "repeat_letter", "alphabett": "ab"})
-    with pytest.raises(ValueError, match=r"task.num_prompts='8': must be int"):
+    with pytest.raises(ValueError, match=r"task.num_prompts='8': must be an integer"):
         build_task({"name": "repeat_letter", "num_prompts": "8"})
     with pytest.raises(ValueError, match=r"task.max_len=1: must be >= min_len=2"):
         build_task({"name": "copy_string", "max_len": 1})
@@ -43,3 +43,20 @@ def test_task_configs_are_frozen():
     task = build_task({"name": "repeat_letter"})
     with pytest.raises(dataclasses.FrozenInstanceError):
         task.cfg.alphabet = "xyz"
+
+
+@pytest.mark.parametrize("rate", [-0.1, 1.5])
+def test_a_failure_rate_outside_0_1_is_a_one_line_error_naming_the_key(rate):
+    with pytest.raises(ValueError, match=r"task.max_reward_failure_rate=.*: must be in \[0, 1\]") as info:
+        build_task({"name": "repeat_letter", "max_reward_failure_rate": rate})
+    assert "\n" not in str(info.value)
+    assert build_task({"name": "repeat_letter", "max_reward_failure_rate": 1}).cfg.max_reward_failure_rate == 1
+    assert build_task({"name": "repeat_letter"}).cfg.max_reward_failure_rate == 0.5
+
+
+def test_the_deprecated_hung_cap_is_still_accepted_with_one_warning_and_changes_nothing(caplog):
+    task = build_task({"name": "repeat_letter", "reward_max_hung": 32})
+    assert task.cfg.reward_max_hung == 32
+    assert [r.message for r in caplog.records if "reward_max_hung" in r.message] == [
+        "task.reward_max_hung=32 is deprecated and ignored: a hung reward call is killed at "
+        "task.reward_timeout_s (tasks/reward_pool.py); drop the key"]

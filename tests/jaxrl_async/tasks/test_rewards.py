@@ -1,4 +1,4 @@
-"""RewardRunner and user reward functions: a bad reward costs 0.0 and an error, never the run."""
+"""RewardRunner (built-in scores, in-process) and reward paths: a bad reward costs its fallback and an\nerror, never the run. The user functions' worker processes: test_reward_pool.py."""
 
 import asyncio
 import math
@@ -8,6 +8,7 @@ import pytest
 
 from jaxrl_async.tasks import RewardResult, RewardRunner, build_task, load_reward_fn
 from jaxrl_async.tasks.base import Prompt
+from jaxrl_async.tasks.rewards import FALLBACK
 
 
 def length_reward(prompt_text, completion_text, answer):
@@ -23,32 +24,23 @@ def _run(runner, *args):
     return asyncio.run(runner(*args))
 
 
-def test_a_sync_function_runs_in_a_worker_thread_and_returns_its_value():
-    import threading
-    threads = []
-
-    def reward(x):
-        threads.append(threading.current_thread())
-        return x
-
-    assert _run(RewardRunner(reward, 5), 0.5) == RewardResult(0.5, None)
-    assert threads[0] is not threading.main_thread()
+def test_a_sync_builtin_score_is_called_in_process_and_returns_its_value():
+    assert _run(RewardRunner(lambda x: x, 5), 0.5) == RewardResult(0.5, None)
 
 
 def test_an_async_function_is_awaited():
     assert _run(RewardRunner(async_answer_reward, 5), "q", "7", "7") == RewardResult(1.0, None)
 
 
-def test_a_timeout_scores_zero_with_the_reason_for_sync_and_async_functions():
+def test_an_async_score_past_its_timeout_is_cancelled_and_scores_the_fallback_with_the_reason():
     async def slow_async():
         await asyncio.sleep(5)
         return 1.0
 
-    for fn in (lambda: time.sleep(0.5) or 1.0, slow_async):
-        start = time.perf_counter()
-        result = _run(RewardRunner(fn, 0.05))
-        assert time.perf_counter() - start < 1.0
-        assert result.value == 0.0 and "timed out after 0.05s" in result.error
+    start = time.perf_counter()
+    result = _run(RewardRunner(slow_async, 0.05))
+    assert time.perf_counter() - start < 1.0
+    assert result.value == FALLBACK == 0.0 and result.kind == "timeout" and "timed out after 0.05s" in result.error
 
 
 def test_an_exception_scores_zero_and_records_it():
@@ -90,72 +82,6 @@ def test_a_reward_fn_on_a_builtin_task_replaces_its_score_and_sees_the_raw_promp
     assert asyncio.run(task.reward(prompt, "\\boxed{18}", [])) == RewardResult(0.0, None)
 
 
-def test_a_sync_function_runs_in_a_daemon_thread_of_the_runners_own_not_the_default_executor():
-    import threading
-    seen = []
-
-    async def main(runner):
-        default = []
-        await asyncio.get_running_loop().run_in_executor(None, lambda: default.append(threading.current_thread()))
-        await runner()
-        return default[0]
-
-    runner = RewardRunner(lambda: seen.append(threading.current_thread()) or 1.0, 5)
-    default = asyncio.run(main(runner))
-    assert seen[0].daemon and seen[0].name.startswith("reward-") and seen[0] is not default
-
-
-def test_a_hung_call_is_abandoned_its_slot_freed_and_later_calls_still_score():
-    release = __import__("threading").Event()
-    calls = []
-
-    def hangs_first(x):
-        calls.append(x)
-        if len(calls) == 1:
-            release.wait()  # the first call hangs until released
-        return x
-
-    runner = RewardRunner(hangs_first, 0.1, max_workers=1)
-
-    async def main():
-        first = await asyncio.wait_for(runner(0.5), 5)  # a runner that waits for the hung call fails here
-        # One slot only: had the hung call kept it, these would wait forever (wait_for catches that).
-        later = await asyncio.wait_for(asyncio.gather(*(runner(0.25) for _ in range(3))), 5)
-        return first, later
-
-    first, later = asyncio.run(main())
-    assert first.kind == "timeout" and first.value == 0.0
-    assert [r.value for r in later] == [0.25] * 3 and runner.hung == 1
-    release.set()
-    for _ in range(100):
-        if runner.hung == 0:
-            break
-        time.sleep(0.01)
-    assert runner.hung == 0  # the abandoned call returned: no longer counted
-
-
-def test_beyond_the_hung_cap_a_reward_scores_zero_without_calling_the_function_until_one_returns():
-    import threading
-    release = threading.Event()
-    calls = []
-
-    def always_hangs():
-        calls.append(1)
-        release.wait()
-        return 1.0
-
-    runner = RewardRunner(always_hangs, 0.05, max_workers=4, max_hung=2)
-    results = [_run(runner) for _ in range(4)]
-    assert [r.kind for r in results] == ["timeout", "timeout", "hung_cap", "hung_cap"]
-    assert len(calls) == 2 and "2 earlier calls still hang past their timeout (cap 2)" in results[2].error
-    release.set()
-    for _ in range(100):
-        if runner.hung == 0:
-            break
-        time.sleep(0.01)
-    assert _run(runner) == RewardResult(1.0, None)  # called again once the hung ones returned
-
-
 def test_error_kinds_name_the_failure():
     def broken():
         raise KeyError("x")
@@ -163,17 +89,3 @@ def test_error_kinds_name_the_failure():
     assert _run(RewardRunner(broken, 5)).kind == "KeyError"
     assert _run(RewardRunner(lambda: "1", 5)).kind == "not_a_number"
     assert _run(RewardRunner(lambda: math.nan, 5)).kind == "not_finite"
-
-
-def test_a_process_whose_reward_call_hangs_forever_still_exits():
-    import subprocess
-    import sys
-
-    code = ("import asyncio, threading\n"
-            "from jaxrl_async.tasks.rewards import RewardRunner\n"
-            "r = RewardRunner(lambda: threading.Event().wait(), 0.1)\n"
-            "print(asyncio.run(r()).kind)\n")
-    start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "timeout", out.stderr
-    assert time.perf_counter() - start < 30

@@ -32,7 +32,18 @@ def test_variants_differ_where_their_papers_do():
 def test_unknown_keys_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match=r"trainer.optim.learning_rate: unknown key \(known: b1, b2, eps, lr,"):
         build(TrainerConfig, {"optim": {"learning_rate": 1e-3}}, "trainer")
-    with pytest.raises(ValueError, match=r"trainer.micro_batches: unknown key \(known: compute_dtype, loss,"):
+    with pytest.raises(ValueError, match=r"trainer.micro_batches: unknown key \(known: compute_dtype, logits_chunk, loss,"):
         build(TrainerConfig, {"micro_batches": 2}, "trainer")
     with pytest.raises(ValueError, match="TrainerConfig.compute_dtype='float16'"):
         TrainerConfig(compute_dtype="float16")
+
+
+def test_logits_chunk_is_off_by_default_and_takes_tokens_per_chunk():
+    assert TrainerConfig().logits_chunk == 0 and load("grpo").logits_chunk == 0
+    assert build(TrainerConfig, {"logits_chunk": 256}, "trainer").logits_chunk == 256
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "64"])
+def test_a_bad_logits_chunk_is_refused_naming_the_key(value):
+    with pytest.raises(ValueError, match=r"^trainer\.logits_chunk=.*: must be an int >= 0"):
+        TrainerConfig(logits_chunk=value)

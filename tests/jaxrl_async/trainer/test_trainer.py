@@ -4,6 +4,8 @@ All trainers here share one tiny model config and one batch shape, so the compil
 reused across tests of this file.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -167,3 +169,19 @@ def test_logprobs_are_those_the_loss_uses():
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     assert metrics["ratio_max"] == pytest.approx(1.0, abs=1e-5)
     assert metrics["clip_frac"] == 0
+
+
+def test_chunked_logits_train_like_whole_logits_and_score_like_their_loss():
+    """`logits_chunk` reaches the jitted step and `Trainer.logprobs`: the same metrics and
+    weights after two steps, and the chunked log-probs are the ones its loss uses."""
+    whole, chunked = make_trainer(), make_trainer(dataclasses.replace(CFG, logits_chunk=24))
+    batch = make_batch()
+    for step in range(2):
+        m_whole, m_chunked = whole.step(make_batch(step)), chunked.step(make_batch(step))
+        for key in ("loss", "entropy", "grad_norm", "clip_frac"):
+            assert m_chunked[key] == pytest.approx(m_whole[key], rel=1e-5, abs=1e-7), key
+    assert_trees_close(chunked.params(), whole.params(), atol=1e-6)
+    np.testing.assert_allclose(np.asarray(chunked.logprobs(batch.tokens)), np.asarray(whole.logprobs(batch.tokens)),
+                               atol=1e-5)
+    batch = batch.replace(behaviour_logprobs=np.asarray(chunked.logprobs(batch.tokens)) * batch.loss_mask)
+    assert chunked.step(batch)["ratio_max"] == pytest.approx(1.0, abs=1e-5)
