@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One-GPU check (<= 8 min in all): the placement benchmark on Qwen2.5-1.5B's shape, the train-step,
-# decode and remat benchmarks, and a short real train run plus its audit. Run from the repository root:
+# decode, KV-paging and remat benchmarks, and a short real train run plus its audit. Run from the
+# repository root:
 #   bash launch/device_check.sh            (results in ${OUT:-/tmp/device_check})
 #
 # The GPU machine has no package index and no internet. Its python3 (3.12) comes with jax (CUDA),
@@ -93,6 +94,17 @@ tail -1 "$WORK/train_step.txt" >>"$OUT/summary.txt"
 # 3.6 B shape at 8 x 2048 tokens (53 s); the card's memory cap is raised for it alone.
 stage decode 90 python3 benchmarks/bench_decode.py --shape qwen2.5-1.5b --repeats 5 || true
 sed -n '/^step time vs live/,$p' "$WORK/decode.txt" | grep -v '^{' >>"$OUT/summary.txt"
+# Paged KV cache (issue 19): sequences decoding at once at a fixed KV budget on a heavy-tailed mix
+# (contiguous vs paged, tiny model) and decode step time vs live tokens vs max_len on Qwen2.5-1.5B's
+# shape with the Pallas kernel the GPU picks (its difference from the XLA gather printed first);
+# should the kernel not compile there, the same with the XLA gather.
+KV_ARGS=(--max-len 2048 --budget-seqs 16 --paged-slots 128 --groups 48 --shape qwen2.5-1.5b
+         --max-lens 2048 8192 --lives 64 1024 --batch 32 --repeats 3)
+stage kv_paging 80 python3 benchmarks/bench_kv_paging.py "${KV_ARGS[@]}" \
+    || { cp "$WORK/kv_paging.txt" "$WORK/kv_paging_pallas.txt"
+         stage kv_paging 70 python3 benchmarks/bench_kv_paging.py "${KV_ARGS[@]}" --kernel xla; } || true
+grep -E "^pallas vs xla" "$WORK/kv_paging_pallas.txt" "$WORK/kv_paging.txt" 2>/dev/null >>"$OUT/summary.txt"
+sed -n '/^capacity at/,$p' "$WORK/kv_paging.txt" | grep -v '^{' >>"$OUT/summary.txt"
 stage remat 120 env XLA_PYTHON_CLIENT_MEM_FRACTION=.95 python3 benchmarks/bench_remat.py --shape 4.7b \
     --rows 8 --seq 2048 --policies none full save_attn --steps 3 || true
 grep -A5 '^ *policy' "$WORK/remat.txt" >>"$OUT/summary.txt"

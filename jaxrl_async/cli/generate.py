@@ -12,20 +12,25 @@ or key, a bad value, a prompt that does not fit the model's context — is one l
 exit status 1. While it loads the model and compiles, it says so on stderr; stdout holds only
 the output above.
 
+The engine takes the same `engine.*` keys as training's JAX engine (`EngineConfig`, e.g.
+`engine.page_size=16` for the paged KV cache), except that its max_len is the prompt plus
+max_new_tokens (rounded up to whole pages when paged) and its min_bucket at most that.
+
 The command line's plumbing (compose, type, one-line errors, status lines) is cli/common.py's.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jaxrl_async.cli.common import note, run_command
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.core import EngineConfig, make_core
 from jaxrl_async.models.loading import ModelSpec, load_model
 from planner.configs import build, check
 
@@ -45,6 +50,8 @@ class GenerateConfig:
     seed: int = 0  # the sampling seed
     chat: bool = True  # apply the chat template when the tokenizer has one
     output: str = "text"  # "text": print the completion | "json": one JSON object
+    # The JAX engine's keys (one slot: one prompt); max_len and min_bucket follow the prompt.
+    engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=1))
 
     def __post_init__(self) -> None:
         check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")
@@ -60,7 +67,7 @@ def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
 
 
 def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
-    """Load the model, run the prompt through an `EngineCore` of one slot, return the result;
+    """Load the model, run the prompt through an engine core of one slot, return the result;
     `say` gets a status line before each slow phase (the command line prints them on stderr)."""
     say(f"loading model {config.model.source} ...")
     loaded = load_model(config.model.source, dtype=config.model.dtype)
@@ -81,8 +88,10 @@ def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: N
     if need > context:
         raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={config.max_new_tokens} "
                          f"= {need} exceeds the model's context max_position_embeddings={context}")
-    core = EngineCore(loaded.model, loaded.cfg,
-                      EngineConfig(num_slots=1, max_len=need, min_bucket=min(16, need)))
+    page = config.engine.page_size
+    max_len = -(-need // page) * page if page else need
+    engine = dataclasses.replace(config.engine, max_len=max_len, min_bucket=min(config.engine.min_bucket, max_len))
+    core = make_core(loaded.model, loaded.cfg, engine)
     core.submit(GenerationRequest("prompt", prompt_ids, sampling))
     say(f"compiling and generating up to {config.max_new_tokens} tokens ...")
     outputs = []

@@ -95,7 +95,7 @@ def build_engine(name: str, config: Any, loaded_model: Any, *, mesh: Any = None)
 
 
 def _jax_facts(config: EngineConfig) -> EngineFacts:
-    return EngineFacts("num_slots", config.num_slots, config.num_slots * config.max_len, config.replicas,
+    return EngineFacts("num_slots", config.num_slots, config.kv_tokens, config.replicas,
                        config.tensor_parallel, config.sync_mode, config.colocate, places_itself=False)
 
 

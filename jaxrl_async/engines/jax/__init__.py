@@ -1,8 +1,12 @@
-"""The native JAX engine (`engine=jax`): continuous batching over fixed KV-cache slots.
+"""The native JAX engine (`engine=jax`): continuous batching over KV-cache slots or pages.
 
 - `engine.py`: `JaxEngine`, the async `GenerationEngine`: an `EngineCore` in a worker thread.
 - `core.py`: `EngineCore`, `EngineConfig`: synchronous continuous batching; `mesh=` runs one
-  engine tensor-parallel over a (1, 1, T) device mesh.
+  engine tensor-parallel over a (1, 1, T) device mesh; `make_core` picks the core for a config.
+- `paged.py`: `PagedEngineCore`, the core over a paged KV cache (`engine.page_size` > 0):
+  admission by free pages, shared prompt pages, preemption when pages run out.
+- `paging.py`: the host-side page pool and per-slot page tables (no JAX).
+- `paged_attention.py`: decode attention over pages: XLA gather and a Pallas kernel, by backend.
 - `layout.py`: its jitted steps per mesh, and pushed weights moved onto it device to device.
 - `steps.py`: the jitted prefill / copy-prefix / decode steps, pure functions.
 - `sampling.py`: per-slot temperature, top-p, top-k and greedy sampling.

@@ -21,8 +21,8 @@
 
 The decode step attends over cache positions [0, L) only, L the smallest bucket (the prefill
 buckets: min_bucket * 2**i) above every active slot's position after the call, when L is at
-most max_len / 4, else max_len (`_decode_length` says why): a slot at position 100 costs what
-a 128-token context costs, not max_len.
+most the backend's cut-off (`LIVE_BUCKET_LIMITS`: max_len / 4 on CPU, 1,024 on GPU), else
+max_len: a slot at position 100 costs what a 128-token context costs, not max_len.
 
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
 core directly; `JaxEngine` (engine.py) runs it in a thread for the async runtime.
@@ -42,7 +42,7 @@ moved onto the mesh device to device (`layout.regroup_for`), never through the h
 mesh per replica (`engines/replicated.py` runs them as one engine).
 
 Compilations: `engine_prefill`, `engine_copy_prefix` once per bucket, `engine_decode_steps` once
-per decode length (the buckets up to max_len / 4, and max_len),
+per decode length (the buckets up to the cut-off, and max_len),
 per model structure and engine shape (and the decode step again per width of the padded
 stop-token table: 4, 8, 16, ... stop tokens per request).
 Weight swaps never recompile. Without a mesh the jitted steps are module-level, so
@@ -50,8 +50,11 @@ engines of the same shapes share them; with a mesh each core compiles its own (i
 its own). `COMPILE_COUNTS` counts their backend compilations process-wide (from jax's compile
 events, so it also sees recompilations without a retrace, e.g. for a changed input sharding).
 
+`make_core` builds this core for `page_size` 0 (every slot owns `max_len` contiguous
+positions) and `paged.PagedEngineCore` for a paged KV cache (page_size > 0).
+
 Left out on purpose: chunked prefill of a prompt longer than one call, prefix caching across
-requests, paged KV memory (every slot owns `max_len` positions).
+requests.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -68,7 +72,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_async.engines.jax import layout
-from jaxrl_async.engines.base import GenerationRequest, RequestLimits, SampleOutput, check_new_request_id
+from jaxrl_async.engines.base import (GenerationRequest, RequestLimits, SampleOutput, SamplingParams,
+                                      check_new_request_id)
 from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
 from jaxrl_async.engines.jax.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
@@ -81,7 +86,8 @@ SyncMode = Literal["partial", "drain"]
 
 COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
-_STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps")
+_STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps", "engine_prefill_paged", "engine_copy_page",
+          "engine_read_pages", "engine_write_pages")
 
 
 def _count_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -91,6 +97,21 @@ def _count_compile(event: str, duration_s: float, **kwargs) -> None:
 
 
 jax.monitoring.register_event_duration_secs_listener(_count_compile)
+
+
+# The longest live bucket a contiguous engine's decode step attends over, per backend, as a
+# function of max_len; a longer context reads the whole cache (max_len). Measured with
+# benchmarks/bench_decode.py (step time vs live context, batch 32):
+# - cpu: XLA:CPU reads a bucket as a dense copy of that part of the cache: at max_len 2048 bucket
+#   64 costs 0.36x a whole-cache step, 512 0.8x, 1024 1.8x, so past a quarter of max_len reading
+#   the whole cache in place is cheaper;
+# - gpu (H200, benchmarks/results/decode_h200.md): a bucket is 1.14-1.27x faster up to 1,024
+#   positions and about even (0.97x) at the whole 2048-position cache.
+# A backend not listed takes the cpu rule. A paged engine always attends over its live pages.
+LIVE_BUCKET_LIMITS: dict[str, Callable[[int], int]] = {
+    "cpu": lambda max_len: max_len // 4,
+    "gpu": lambda max_len: 1024,
+}
 
 
 @dataclass(frozen=True)
@@ -120,6 +141,14 @@ class EngineConfig:
         the `tensor` mesh axis (the replica's mesh is (1, 1, tensor_parallel)).
       colocate: True: the replicas use the trainer's devices, time-shared with training;
         False: devices the trainer does not use.
+      page_size: 0 (the default): every slot owns `max_len` contiguous KV positions. P > 0: the
+        KV cache is `kv_pages` pages of P positions, taken as a sequence grows and returned when
+        it ends; admission counts free pages as well as free slots, so `num_slots` may exceed
+        what `max_len` reservations would allow (`paged.py` has the rules). P must divide
+        max_len.
+      kv_pages: total KV pages when page_size > 0; None: num_slots * max_len / page_size (the
+        positions the contiguous cache holds). At least max_len / page_size, so that one
+        sequence of max_len always fits (the rule that guarantees progress).
 
     `EngineCore` does not read the last three: the caller builds one mesh per replica from them
     and passes it (`EngineCore(..., mesh=)`).
@@ -138,6 +167,8 @@ class EngineConfig:
     replicas: int = 1
     tensor_parallel: int = 1
     colocate: bool = True
+    page_size: int = 0
+    kv_pages: int | None = None
 
     def __post_init__(self) -> None:
         p = "EngineConfig"
@@ -151,6 +182,28 @@ class EngineConfig:
         check(self.cache_dtype is None or self.cache_dtype in DTYPES, f"{p}.cache_dtype", self.cache_dtype,
               f"must be None or one of {DTYPES}")
         check(isinstance(self.colocate, bool), f"{p}.colocate", self.colocate, "must be true or false")
+        # The paging keys name the user's `engine.` key (the lead may move the others to it too).
+        check(isinstance(self.page_size, int) and not isinstance(self.page_size, bool) and self.page_size >= 0,
+              "engine.page_size", self.page_size, "must be an int >= 0 (0: contiguous slots)")
+        check(self.page_size == 0 or self.max_len % self.page_size == 0, "engine.page_size", self.page_size,
+              f"must divide engine.max_len={self.max_len}")
+        if self.kv_pages is not None:
+            check(self.page_size > 0, "engine.kv_pages", self.kv_pages, "needs engine.page_size > 0")
+            least = self.max_len // self.page_size
+            check(isinstance(self.kv_pages, int) and not isinstance(self.kv_pages, bool) and self.kv_pages >= least,
+                  "engine.kv_pages", self.kv_pages,
+                  f"must be an int >= max_len / page_size = {least} (one sequence of max_len must fit)")
+
+    @property
+    def kv_tokens(self) -> int:
+        """KV positions the cache holds: num_slots * max_len, or kv_pages * page_size when paged."""
+        return self.num_slots * self.max_len if self.page_size == 0 else self.total_pages * self.page_size
+
+    @property
+    def total_pages(self) -> int:
+        """KV pages of a paged engine: `kv_pages`, or what num_slots * max_len positions take."""
+        assert self.page_size > 0, "total_pages of a contiguous engine"
+        return self.kv_pages if self.kv_pages is not None else self.num_slots * self.max_len // self.page_size
 
     def buckets(self) -> list[int]:
         """Prefill lengths: min_bucket, 2*min_bucket, ... capped by max_len."""
@@ -223,8 +276,7 @@ class EngineCore:
         # What new weights must look like (shapes, dtypes, shardings), without holding them.
         self._reference = jax.tree.map(
             lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), params, placement)
-        make_cache = functools.partial(init_cache, model_config, config.num_slots, config.max_len,
-                                       config.cache_dtype or model_config.dtype)
+        make_cache = self._cache_maker(model_config, config)
         if mesh is None:
             self._steps = layout.SHARED_STEPS
         else:
@@ -234,10 +286,10 @@ class EngineCore:
         # The engine's own committed copy: updates arrive committed too, so the jitted steps
         # see the same input shardings before and after a swap (no recompilation).
         self._weights = self.check_params(params)
+        device = next(iter(jax.tree.leaves(self._weights)[0].devices()))
         if mesh is None:
             # Committed to the weights' device like every step output, so that the first call of
             # a step does not compile for an uncommitted cache and the second for a committed one.
-            device = next(iter(jax.tree.leaves(self._weights)[0].devices()))
             self._cache = jax.device_put(make_cache(), device)
         # Work done, for metrics: prefills, prefill_tokens (unpadded), decode_steps, tokens.
         self.counters: collections.Counter[str] = collections.Counter()
@@ -247,6 +299,13 @@ class EngineCore:
         self._live: dict[str, int] = {}  # request id -> samples not yet done
         self._pending_weights: tuple[dict, int] | None = None
         self._seeds = np.random.default_rng(config.seed)
+        # The backend the steps run on: it picks the live-bucket cut-off (LIVE_BUCKET_LIMITS).
+        self.platform = (mesh.devices.flat[0] if mesh is not None else device).platform
+
+    def _cache_maker(self, model_config: ModelConfig, config: EngineConfig):
+        """A function of no arguments that makes the all-zero cache: `num_slots` rows of max_len."""
+        return functools.partial(init_cache, model_config, config.num_slots, config.max_len,
+                                 config.cache_dtype or model_config.dtype)
 
     # ------------------------------------------------------------------ queries
 
@@ -358,7 +417,7 @@ class EngineCore:
     def _admit(self, requests: list[GenerationRequest]) -> None:
         """Give each request its `n` slots, prefill the prompts (packed), copy shared prefixes."""
         free = iter(self._free_slots())
-        a, to_prefill = self._arrays, []
+        to_prefill = []
         for request in requests:
             sp, prompt = request.sampling, request.prompt_ids
             slots = [next(free) for _ in range(sp.n)]
@@ -366,14 +425,7 @@ class EngineCore:
             if prefix_len:
                 to_prefill.append((prompt[:-1], slots))
             for i, slot in enumerate(slots):
-                self._slots[slot] = SlotSequence(
-                    request_id=request.request_id, sample_index=i, last_token=prompt[-1],
-                    position=prefix_len, max_new_tokens=sp.max_new_tokens,
-                    stop_token_ids=frozenset(sp.stop_token_ids))
-                a.tokens[slot], a.positions[slot], a.token_index[slot] = prompt[-1], prefix_len, 0
-                a.seeds[slot], a.sample_index[slot] = sp.seed, i
-                a.temperature[slot], a.top_p[slot], a.top_k[slot] = sp.temperature, sp.top_p, sp.top_k
-                a.remaining[slot], a.stop_ids[slot] = sp.max_new_tokens, tuple(sp.stop_token_ids)
+                self._place(slot, new_sequence(request, i), sp)
         for pack in self._packs([prefix for prefix, _ in to_prefill]):
             self._prefill_pack([to_prefill[i] for i in pack])
         for prefix, slots in to_prefill:
@@ -381,6 +433,15 @@ class EngineCore:
             for slot in slots[1:]:
                 self._cache = self._steps.copy_prefix(self._cache, np.int32(slots[0]), np.int32(slot),
                                                       bucket)
+
+    def _place(self, slot: int, seq: SlotSequence, sp: SamplingParams) -> None:
+        """Put a sample into a free slot: its sequence, and the decode inputs it feeds next."""
+        a = self._arrays
+        self._slots[slot] = seq
+        a.tokens[slot], a.positions[slot], a.token_index[slot] = seq.last_token, seq.position, seq.generated
+        a.seeds[slot], a.sample_index[slot] = sp.seed, seq.sample_index
+        a.temperature[slot], a.top_p[slot], a.top_k[slot] = sp.temperature, sp.top_p, sp.top_k
+        a.remaining[slot], a.stop_ids[slot] = seq.max_new_tokens - seq.generated, tuple(sp.stop_token_ids)
 
     def _bucket(self, length: int) -> int:
         return next(b for b in self.config.buckets() if b >= length)
@@ -443,6 +504,10 @@ class EngineCore:
         seq = self._slots[slot]
         self._slots[slot] = None
         self._arrays.clear(slot)
+        return self._close(seq, reason)
+
+    def _close(self, seq: SlotSequence, reason) -> SampleOutput:
+        """The sample's last piece; its request is forgotten with its last sample."""
         self._live[seq.request_id] -= 1
         if not self._live[seq.request_id]:
             del self._live[seq.request_id]
@@ -471,16 +536,38 @@ class EngineCore:
         return self._decode_length(need)
 
     def _decode_length(self, need: int) -> int:
-        # On XLA:CPU the attention matmul reads a bucket as a dense copy of that part of the
-        # cache (benchmarks/bench_decode.py): at max_len 2048, batch 32, bucket 64 costs 0.36x a
-        # whole-cache step, 512 0.8x, 1024 1.8x. Past a quarter of max_len reading the whole
-        # cache in place is cheaper, so those positions use max_len.
+        """The live bucket above `need`, or max_len past the backend's cut-off (LIVE_BUCKET_LIMITS)."""
         length = self._bucket(min(need, self.config.max_len))
-        return length if 4 * length <= self.config.max_len else self.config.max_len
+        limit = LIVE_BUCKET_LIMITS.get(self.platform, LIVE_BUCKET_LIMITS["cpu"])(self.config.max_len)
+        return length if length <= limit else self.config.max_len
 
     def _run_decode(self, length: int | None = None):
         a = self._arrays
         return self._steps.decode(self.model_config, length or self._live_length(),
                                   self.config.decode_steps_per_call, self._weights, self._cache,
                                   a.tokens, a.positions, a.seeds, a.sample_index, a.token_index,
-                                  a.temperature, a.top_p, a.top_k, a.remaining, a.stop_table())
+                                  a.temperature, a.top_p, a.top_k, a.remaining, a.stop_table(),
+                                  **self._decode_kwargs())
+
+    def _decode_kwargs(self) -> dict:
+        """Extra arguments of the decode step (a paged core's page table); none here."""
+        return {}
+
+
+def new_sequence(request: GenerationRequest, sample_index: int) -> SlotSequence:
+    """Sample `sample_index` of a request as admitted: its prompt's last token is fed next, at
+    position len(prompt) - 1."""
+    prompt, sp = request.prompt_ids, request.sampling
+    return SlotSequence(request_id=request.request_id, sample_index=sample_index, last_token=prompt[-1],
+                        position=len(prompt) - 1, max_new_tokens=sp.max_new_tokens,
+                        stop_token_ids=frozenset(sp.stop_token_ids))
+
+
+def make_core(model: nnx.Module, model_config: ModelConfig, config: EngineConfig, version: int = 0,
+              mesh: Mesh | None = None) -> EngineCore:
+    """The engine core `config` asks for: `EngineCore` (page_size 0) or `PagedEngineCore`."""
+    if config.page_size == 0:
+        return EngineCore(model, model_config, config, version, mesh)
+    from jaxrl_async.engines.jax.paged import PagedEngineCore  # paged.py builds on this module
+
+    return PagedEngineCore(model, model_config, config, version, mesh)

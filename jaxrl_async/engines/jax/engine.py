@@ -24,7 +24,7 @@ from jax.sharding import Mesh
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
                                       GenerationRequest, SampleOutput, check_new_request_id, read_outputs)
-from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
+from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, make_core
 from jaxrl_async.models.config import ModelConfig
 
 
@@ -36,7 +36,7 @@ class JaxEngine(GenerationEngine):
 
     def __init__(self, model: nnx.Module, model_config: ModelConfig, config: EngineConfig,
                  version: int = 0, mesh: Mesh | None = None):
-        self.core = EngineCore(model, model_config, config, version, mesh)
+        self.core = make_core(model, model_config, config, version, mesh)
         self._commands: collections.deque[tuple[str, Any]] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False

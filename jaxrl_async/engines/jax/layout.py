@@ -38,13 +38,22 @@ class Steps:
     copy_prefix: Callable
     decode: Callable  # steps.engine_decode_steps
     install: Callable  # checked params -> the engine's own generation-layout copy
+    prefill_paged: Callable  # the paged cache's (page_size > 0)
+    copy_page: Callable
+    read_pages: Callable
+    write_pages: Callable
 
 
 SHARED_STEPS = Steps(
     prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2),
     copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0),
-    decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), donate_argnums=4),
-    install=jax.jit(generation_copy))
+    decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), static_argnames="kernel",
+                   donate_argnums=4),
+    install=jax.jit(generation_copy),
+    prefill_paged=jax.jit(steps.engine_prefill_paged, static_argnums=0, donate_argnums=2),
+    copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0),
+    read_pages=jax.jit(steps.engine_read_pages),
+    write_pages=jax.jit(steps.engine_write_pages, donate_argnums=0))
 
 
 def mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> Steps:
@@ -61,9 +70,14 @@ def mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> Steps:
         prefill=jax.jit(steps.engine_prefill, static_argnums=0, donate_argnums=2, out_shardings=cache),
         copy_prefix=jax.jit(steps.engine_copy_prefix, static_argnums=3, donate_argnums=0,
                             out_shardings=cache),
-        decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), donate_argnums=4,
-                       out_shardings=(cache, replicated, replicated, replicated, replicated)),
-        install=jax.jit(generation_copy, out_shardings=weights))
+        decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), static_argnames="kernel",
+                       donate_argnums=4, out_shardings=(cache, replicated, replicated, replicated, replicated)),
+        install=jax.jit(generation_copy, out_shardings=weights),
+        prefill_paged=jax.jit(steps.engine_prefill_paged, static_argnums=0, donate_argnums=2,
+                              out_shardings=cache),
+        copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0, out_shardings=cache),
+        read_pages=jax.jit(steps.engine_read_pages),
+        write_pages=jax.jit(steps.engine_write_pages, donate_argnums=0, out_shardings=cache))
 
 
 def generation_shardings(params: dict) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from jaxrl_async.engines.base import FinishReason, GenerationRequest, SampleOutput
@@ -48,6 +49,14 @@ class RequestQueue:
             request = heapq.heappop(self._heap)[2]
             free_slots -= request.sampling.n
             admitted.append(request)
+        return admitted
+
+    def pop_while(self, take: Callable[[GenerationRequest], bool]) -> list[GenerationRequest]:
+        """Pop requests in priority order while `take(head)` says it took the head's resources
+        (a paged engine's free slots and pages); the first refusal stops (no back-filling)."""
+        admitted = []
+        while self._heap and take(self._heap[0][2]):
+            admitted.append(heapq.heappop(self._heap)[2])
         return admitted
 
 

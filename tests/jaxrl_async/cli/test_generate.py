@@ -48,6 +48,17 @@ def test_chat_false_encodes_the_raw_prompt_and_text_output_prints_the_completion
     assert code == 0 and text == result["text"] + "\n"
 
 
+def test_engine_keys_reach_the_engine_and_a_paged_cache_generates_the_same_tokens(capsys):
+    args = ("prompt=hello there", "max_new_tokens=9", "temperature=0", "output=json")
+    _, out, _ = run_main(capsys, *args)
+    code, paged, err = run_main(capsys, *args, "engine.page_size=4", "engine.decode_steps_per_call=3")
+    assert code == 0 and "error" not in err
+    assert json.loads(paged)["token_ids"] == json.loads(out)["token_ids"]
+    np.testing.assert_allclose(json.loads(paged)["logprobs"], json.loads(out)["logprobs"], atol=1e-5)
+    code, _, err = run_main(capsys, *args, "engine.page_size=-2")
+    assert code == 1 and "engine.page_size=-2: must be an int >= 0" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["model=nope"], "model=nope: unknown option (options: smollm2_135m, tiny)"),
     (["max_new_token=2"], "max_new_token: unknown key (did you mean max_new_tokens?)"),

@@ -7,8 +7,9 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.core import EngineConfig, EngineCore, make_core
 from jaxrl_async.engines.jax.engine import JaxEngine
+from jaxrl_async.engines.jax.paged import PagedEngineCore
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from tests.helpers.engines import collect
@@ -53,6 +54,30 @@ def test_async_engine_streams_the_same_samples_as_the_synchronous_core(models):
     assert (stats.active_slots, stats.queued, stats.total_slots, stats.version) == (0, 0, 4, 0)
     assert 0 < stats.busy_fraction <= 1
     assert stats.extra["counters"]["tokens"] == sum(len(o.token_ids) for o in want.values())
+
+
+def test_a_paged_engine_config_runs_the_paged_core_in_the_worker_thread(models):
+    config = EngineConfig(**ENGINE, page_size=8, kv_pages=8)
+    core = make_core(models[0], CFG, config)
+    for r in requests():
+        core.submit(r)
+    want = {}
+    while core.has_work():
+        for out in core.step():
+            want[(out.request_id, out.sample_index)] = out
+
+    async def main():
+        engine = JaxEngine(models[0], CFG, config)
+        assert isinstance(engine.core, PagedEngineCore)
+        await engine.start()
+        for r in requests():
+            await engine.submit(r)
+        got = await collect(engine, expect_done=5)
+        await engine.stop()
+        return got
+
+    assert asyncio.run(main()) == want
+    assert core.pages.pool.free == 8
 
 
 def test_update_weights_returns_once_the_new_version_is_in_use(models):
