@@ -23,6 +23,7 @@ Used by planner/ and jaxrl_async/ alike: pure Python, Hydra imported only by `re
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -170,7 +171,16 @@ def build(cls: type[T], values: Mapping[str, Any] | None, section: str, *, what:
         sub = _nested(hints[name])
         if sub is not None and isinstance(value, Mapping):
             values[name] = build(sub, value, _key(section, name))
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as e:  # a rule of __post_init__: in the user's words, the key they typed
+        raise ValueError(in_section(str(e), cls, section)) from None
+
+
+def in_section(message: str, cls: type, section: str) -> str:
+    """`message` with the class's own name for its fields (`OptimConfig.lr`, as `__post_init__`
+    checks write it) replaced by the dotted key the user types (`trainer.optim.lr`)."""
+    return re.sub(rf"\b{re.escape(cls.__name__)}\.", f"{section}." if section else "", message)
 
 
 def _plain(value: Any) -> Any:

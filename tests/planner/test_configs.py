@@ -127,3 +127,30 @@ def test_a_simulator_group_file_documents_every_key_or_extends_one_that_does(gro
         assert undocumented(CONF / group / f"{option}.yaml", TYPED[group][option]) == []
     else:
         assert first in options(group) and extends(group, first)[0].startswith(f"/base/{group}")
+
+
+@dataclass(frozen=True)
+class RuledOptim:
+    lr: float = 1e-3
+    total: int = 10
+    warmup: int = 0
+
+    def __post_init__(self) -> None:
+        check(self.lr > 0, "RuledOptim.lr", self.lr, "must be > 0")
+        check(self.warmup <= self.total, "RuledOptim.warmup", self.warmup, "must be <= RuledOptim.total")
+
+
+@dataclass(frozen=True)
+class RuledTrainer:
+    optim: RuledOptim = field(default_factory=RuledOptim)
+
+
+def test_a_rule_broken_in_post_init_names_the_dotted_key_typed_not_the_class():
+    with pytest.raises(ValueError) as info:
+        build(RuledTrainer, {"optim": {"lr": -1.0}}, "trainer")
+    assert str(info.value) == "trainer.optim.lr=-1.0: must be > 0"
+    with pytest.raises(ValueError) as info:
+        build(RuledOptim, {"warmup": 20}, "")
+    assert str(info.value) == "warmup=20: must be <= total"  # the top level: bare keys
+    with pytest.raises(ValueError, match=r"^RuledOptim.lr=-1: must be > 0$"):
+        RuledOptim(lr=-1)  # built directly (library code), the class still names its field

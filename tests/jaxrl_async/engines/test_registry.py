@@ -40,7 +40,7 @@ def test_both_engines_speak_the_one_weight_sync_vocabulary():
     assert engine_config("vllm", {"sync_mode": "resubmit"}).sync_mode == "resubmit"
     with pytest.raises(ValueError, match=r"^engine.sync_mode='keep' is now 'partial'$"):
         engine_config("vllm", {"sync_mode": "keep"})
-    with pytest.raises(ValueError, match=r"^EngineConfig.sync_mode='resubmit': must be one of partial, drain$"):
+    with pytest.raises(ValueError, match=r"^engine.sync_mode='resubmit': must be one of partial, drain$"):
         engine_config("jax", {"sync_mode": "resubmit"})
 
 
