@@ -464,9 +464,13 @@ class RayEngineProxy(GenerationEngine):
         self._tasks.append(asyncio.get_running_loop().create_task(self._replace(worker.index, lost)))
 
     async def _replace(self, index: int, lost: list[str]) -> None:
-        """A replacement first (it loads the newest weights before it joins), then the fault path,
-        so that a one-worker cluster has a worker to resubmit to."""
+        """The fault path at once while another worker lives (it takes the resubmissions); else a
+        replacement first (it loads the newest weights before it joins), so that a one-worker
+        cluster has a worker to resubmit to."""
         try:
+            if lost and any(w.alive for w in self.workers):
+                self.on_lost(lost)
+                lost = []
             if self.cluster.restart_lost:
                 try:
                     await self._spawn(index)
@@ -567,8 +571,9 @@ class RayEngineProxy(GenerationEngine):
 
     async def update_weights(self, params: Any, version: int) -> None:
         """Put the params once and push them to every live worker, each push against its own
-        deadline. Returns once a live worker holds `version` and every other live one holds it
-        too or is late (suspect): a stopped worker delays the push by `late_s`, not its deadline.
+        deadline. Returns once every live worker holds `version`, or once one does and the others
+        had 3x its answer time (at least `late_floor_s`, 1 s) more: a stopped worker delays the
+        push by about a second, not by its deadline.
         A worker still behind gets no new request until its push answers (`_ready_workers`),
         and is lost if it misses the deadline."""
         if version < self._version:
@@ -577,16 +582,19 @@ class RayEngineProxy(GenerationEngine):
         for w in self.workers:
             if w.alive and not w.pushing:
                 self._tasks.append(asyncio.get_running_loop().create_task(self._push(w)))
+        t0, first_ack_s = time.monotonic(), None
         while True:
             if self._push_error is not None:
                 error, self._push_error = self._push_error, None
                 raise error  # a refused push (ValueError naming the leaf) from the first worker that refused
             live = [w for w in self.workers if w.alive]
             behind = [w for w in live if w.version < version]
-            if not behind or (len(behind) < len(live) and all(self._late(w) for w in behind)):
+            if not behind or not live and not self._replacing:
                 break
-            if not live and not self._replacing:
-                break
+            if len(behind) < len(live):  # a worker holds it: wait for the others a while, not for ever
+                first_ack_s = time.monotonic() - t0 if first_ack_s is None else first_ack_s
+                if time.monotonic() - t0 > max(self.deadlines.late_floor_s, 3 * first_ack_s):
+                    break
             self._changed.clear()
             try:
                 await asyncio.wait_for(self._changed.wait(), self.poll_s / 5)

@@ -78,7 +78,7 @@ def test_a_stopped_worker_is_lost_at_its_own_deadline_while_the_healthy_ones_res
 def test_stats_and_a_weight_push_do_not_wait_for_a_stopped_worker():
     async def scenario():
         actors, lost = FakeActors(), []
-        proxy = await _started(actors, lost, rpc_timeout_floor_s=4)  # late (1 s) well before lost (4 s)
+        proxy = await _started(actors, lost, rpc_timeout_floor_s=4)  # lost after 4 s
         await proxy.update_weights({"w": 1}, 1)
         await asyncio.sleep(0.2)  # a few heartbeats
         healthy, stuck = proxy.workers
@@ -98,10 +98,10 @@ def test_stats_and_a_weight_push_do_not_wait_for_a_stopped_worker():
 
     stats, stats_s, push_s, stuck_alive_after_push, routed, healthy, stuck = asyncio.run(scenario())
     assert stats_s < 0.05 and stats.extra["workers"] == 2 and stats.version == 1
-    # The push waited for the healthy worker and for the stopped one only until it was late
-    # (poll + 1 s), not its deadline; the stopped one is still alive then, only behind.
+    # The push waited for the healthy worker, and for the stopped one 3x the healthy answer time
+    # (at least 1 s), not its deadline (4 s); the stopped one is still alive then, only behind.
     assert healthy.actor.version == 2 and stuck.actor.version == 1
-    assert push_s < POLL_S + 1.0 + 0.5 and stuck_alive_after_push, push_s
+    assert 1.0 <= push_s < 1.5 and stuck_alive_after_push, push_s
     assert routed == healthy.index  # a worker behind on weights gets no new request
 
 
