@@ -20,13 +20,13 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxrl_async.eval import EvalConfig, evaluate  # noqa: E402
+from jaxrl_async.cli.eval import EvalConfig, evaluate  # noqa: E402
 from jaxrl_async.models.loading import ModelSpec  # noqa: E402
 
 
 def held_out_pass_at_1(source: str, run: dict) -> float:
     config = EvalConfig(model=ModelSpec(source=source), task=dict(run["task"]), max_new_tokens=run["max_new_tokens"])
-    return evaluate(config)[0].pass_at_1
+    return evaluate(config)[0].greedy_pass_at_1
 
 
 def smooth(values: list[float], k: int = 5) -> list[float]:

@@ -20,8 +20,9 @@ resume from — then every `every` steps, on a stop (SIGTERM, SIGINT) and at the
 folder, never a finished-looking step; `latest_step` ignores it and the next manager removes it.
 
 Restoring reads `meta` first (`read_meta`: the entry point checks the run's settings before any
-array is touched), then checks the checkpoint's array tree against the current trainer's — path,
-shape — and names the first mismatch in one line (`TreeMismatch`) instead of orbax's tree diff.
+array is touched), then checks the checkpoint's array tree against the current trainer's — path, shape, dtype
+(`jaxrl_async.trees.check_like`) — and names the first mismatch in one line (`TreeMismatch`)
+instead of orbax's tree diff.
 
 Disk errors (a read-only or full disk, a missing mount) surface as one line naming the checkpoint
 directory and the errno (`CheckpointWriteError`). orbax also logs each such failure with its
@@ -40,8 +41,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
+
+from jaxrl_async.trees import TreeMismatch, check_like  # TreeMismatch: `restore` raises it, callers import it from here
 
 CHECKPOINT_DIR = "checkpoints"
 
@@ -50,10 +52,6 @@ log = logging.getLogger(__name__)
 
 class CheckpointWriteError(ValueError):
     """The checkpoint directory cannot be written (or read): one line with the errno."""
-
-
-class TreeMismatch(ValueError):
-    """The checkpoint's arrays do not fit the current trainer: the first differing path or shape."""
 
 
 _TENSORSTORE_ERRNO = re.compile(r"os_error_code=\\?'(\d+)")  # also inside a repr, which escapes the quote
@@ -179,12 +177,13 @@ class Checkpointer:
 
     def restore(self, trainer_template: dict[str, Any], step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """(trainer state for `Trainer.load_state_dict`, meta) of `step` (default: the newest).
-        Arrays whose paths or shapes differ from `trainer_template` raise `TreeMismatch`."""
+        Arrays whose paths, shapes or dtypes differ from `trainer_template` raise `TreeMismatch`
+        (re-exported here: the entry point catches it to name the model source)."""
         step = self._step(step)
         template = {k: v for k, v in trainer_template.items() if k != "version"}
         with self._disk_errors():
             saved = self._manager.item_metadata(step)["trainer"]
-        check_tree(getattr(saved, "tree", saved), template)
+        check_like(template, getattr(saved, "tree", saved), "the checkpoint")
         with self._disk_errors():
             restored = self._manager.restore(
                 step,
@@ -209,25 +208,6 @@ class Checkpointer:
         finally:
             with contextlib.suppress(OSError):
                 self._manager.close()
-
-
-def check_tree(saved: Any, template: Any) -> None:
-    """`TreeMismatch` naming the first array path that one tree has and the other lacks, or whose
-    shape differs; silent when they fit."""
-    def by_path(tree: Any) -> dict[str, tuple[int, ...]]:
-        leaves = jax.tree_util.tree_flatten_with_path(tree)[0]
-        return {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): tuple(leaf.shape)
-                for path, leaf in leaves}
-
-    have, want = by_path(saved), by_path(template)
-    # The model's own arrays first: they are what the user recognises (the optimizer's mirror them).
-    for path in sorted(have.keys() | want.keys(), key=lambda p: (not p.startswith("params/"), p)):
-        if path not in have:
-            raise TreeMismatch(f"{path} (shape {want[path]}) is not in the checkpoint")
-        if path not in want:
-            raise TreeMismatch(f"the checkpoint's {path} (shape {have[path]}) is not in this model")
-        if have[path] != want[path]:
-            raise TreeMismatch(f"{path} has shape {have[path]} in the checkpoint, {want[path]} in this model")
 
 
 def truncate(path: Path, size: int) -> None:

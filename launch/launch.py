@@ -38,6 +38,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from planner.tools.entry import ArgumentParser, fail, nearest
+
 TRAIN = ["python", "-m", "jaxrl_async.train"]
 REPO = Path(__file__).resolve().parents[1]
 
@@ -98,7 +100,8 @@ def _sbatch(args: argparse.Namespace, overrides: list[str]) -> list[Command]:
 
 def _tpu(args: argparse.Namespace, overrides: list[str]) -> list[Command]:
     if not args.tpu_name or not args.zone:
-        raise ValueError("tpu target needs --tpu-name and --zone")
+        missing = " and ".join(o for o, v in (("--tpu-name", args.tpu_name), ("--zone", args.zone)) if not v)
+        raise ValueError(f"{missing}: required for target tpu (e.g. --tpu-name my-pod --zone us-central2-b)")
     # JAX finds the pod's coordinator and ranks itself on TPU VMs (distributed mode "tpu").
     overrides = _pinned_run_dir(overrides, "tpu")
     remote = f"cd {shlex.quote(args.remote_dir)} && JAXRL_DISTRIBUTED_MODE=tpu " + shlex.join(TRAIN + overrides)
@@ -112,7 +115,7 @@ TARGETS: dict[str, Callable[[argparse.Namespace, list[str]], list[Command]]] = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m launch", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m launch", description=__doc__.split("\n\n")[0])
     p.add_argument("target", choices=sorted(TARGETS))
     p.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     p.add_argument("--nproc", type=int, default=2, help="multiprocess: processes")
@@ -134,10 +137,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def commands(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Command]]:
     """Parse `argv` (target, options, then Hydra overrides) into the commands to run."""
-    args, overrides = _parser().parse_known_args(list(argv))
+    parser = _parser()
+    args, overrides = parser.parse_known_args(list(argv))
     bad = [o for o in overrides if o.startswith("--")]
     if bad:
-        raise ValueError(f"unknown option {bad[0]} for target {args.target} (Hydra overrides are key=value)")
+        close = nearest(bad[0].split("=")[0], [o for o in parser._option_string_actions if o.startswith("--")])
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise ValueError(f"unknown option {bad[0]} for target {args.target} ({hint}Hydra overrides are key=value)")
     return args, TARGETS[args.target](args, overrides)
 
 
@@ -178,7 +184,10 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, poll_s: float = 0.2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args, cmds = commands(sys.argv[1:] if argv is None else argv)
+    try:
+        args, cmds = commands(sys.argv[1:] if argv is None else argv)
+    except ValueError as e:  # bad options for a target: one line, as every command (planner/tools/entry.py)
+        fail(e)
     if args.dry_run:
         for cmd in cmds:
             print(cmd.render())

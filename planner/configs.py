@@ -4,9 +4,12 @@ Every config section (`sim.workers`, `trainer.optim`, `engine`, `cluster.distrib
 a workload, the run's top level, ...) is a frozen dataclass whose fields carry the defaults and
 whose `__post_init__` validates values with `check`. `build` turns a plain mapping (Hydra's
 composed config, `OmegaConf.to_container`) into that dataclass and adds the two checks a
-dataclass cannot make itself — an unknown key and a missing required key — as one-line errors
-naming the dotted key; a field typed as another config dataclass is built from its mapping by
-`build` itself, so no config writes its own nesting.
+dataclass cannot make itself — an unknown key, a missing required key and a value of the wrong
+type (text in a number field, checked against the field's annotation) — as one-line errors naming
+the dotted key the user typed; a field typed as another config dataclass is built from its mapping
+by `build` itself, so no config writes its own nesting. The type check runs before the
+dataclass's own `__post_init__`, so a rule such as `c0 >= 0` only ever sees a number, and every
+section of every command gets it without writing it.
 
 `defaults(cls)` is the same dataclass as plain data. The entry points store it in Hydra's
 ConfigStore (`register_defaults`, node `base/<group>/<name>`) and each `conf/` file lists that
@@ -22,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -59,8 +62,98 @@ def _nested(hint: Any) -> type | None:
     return found[0] if len(found) == 1 else None
 
 
+def _options(hint: Any) -> tuple[Any, ...]:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _describe(hint: Any) -> str:
+    """What a value of `hint` is, in the user's words ("a number", "a list of integers", "null")."""
+    if hint is type(None):
+        return "null"
+    if hint is bool:
+        return "true or false"
+    if hint is int:
+        return "an integer"
+    if hint is float:
+        return "a number"
+    if hint is str:
+        return "a string"
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return "one of " + ", ".join(str(a) for a in typing.get_args(hint))
+    if origin in (tuple, list, Sequence) or hint in (tuple, list):
+        args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+        return f"a list of {_plural(args[0])}" if len(args) == 1 else "a list"
+    if origin in (dict, Mapping) or hint in (dict, Mapping) or (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
+        return "a mapping"
+    return "any value"
+
+
+def _plural(hint: Any) -> str:
+    words = " or ".join(_describe(o) for o in _options(hint))
+    return {"an integer": "integers", "a number": "numbers", "a string": "strings", "true or false": "booleans"}.get(
+        words, words)
+
+
+def _type_error(hint: Any, value: Any) -> str | None:
+    """None when `value` fits the annotation `hint`, else the rule it breaks ("must be a number").
+
+    A number field takes an integer, never a boolean; a tuple or list field takes either sequence;
+    a field typed as a config dataclass takes a mapping (`build` checks its keys); an annotation
+    this does not know (Any, a class) takes anything."""
+    if _fits(hint, value):
+        return None
+    options = _options(hint)
+    words = [_describe(o) for o in options if o is not type(None)]
+    rule = "must be " + " or ".join(words)
+    return rule + ", or null" if type(None) in options else rule
+
+
+def _fits(hint: Any, value: Any) -> bool:
+    if hint is Any or isinstance(hint, typing.TypeVar):
+        return True
+    options = _options(hint)
+    if len(options) > 1:
+        return any(_fits(o, value) for o in options)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(hint)
+    if origin is typing.Literal:
+        return value in typing.get_args(hint)
+    if origin in (tuple, list, Sequence) or hint in (tuple, list):
+        if not isinstance(value, (list, tuple)):
+            return False
+        args = typing.get_args(hint)
+        if origin is tuple and args and (len(args) != 2 or args[1] is not Ellipsis):
+            return len(args) == len(value) and all(_fits(a, v) for a, v in zip(args, value))
+        return not args or all(_fits(args[0], v) for v in value)
+    if origin in (dict, Mapping) or hint in (dict, Mapping):
+        return isinstance(value, Mapping)
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return isinstance(value, (Mapping, hint))
+    return True
+
+
+def check_type(hint: Any, name: str, value: Any) -> None:
+    """One-line ValueError `name=value: must be ...` unless `value` fits the annotation `hint`."""
+    rule = _type_error(hint, value)
+    if rule is not None:
+        raise ValueError(f"{name}={value!r}: {rule}")
+
+
 def build(cls: type[T], values: Mapping[str, Any] | None, section: str, *, what: str = "key") -> T:
-    """`cls(**values)` with one-line errors for an unknown or a missing key, naming `section.key`.
+    """`cls(**values)` with one-line errors for an unknown or a missing key, or a value whose type
+    does not fit the field's annotation, naming `section.key`.
 
     A field typed as a config dataclass (or optional one) is built from its mapping here, under
     `section.field`; a value that already is the dataclass is kept. `section` "" is the top level.
@@ -73,6 +166,7 @@ def build(cls: type[T], values: Mapping[str, Any] | None, section: str, *, what:
             raise ValueError(f"{_key(section, f.name)}: required key missing (set {_key(section, f.name)}=...)")
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
+        check_type(hints[name], _key(section, name), value)
         sub = _nested(hints[name])
         if sub is not None and isinstance(value, Mapping):
             values[name] = build(sub, value, _key(section, name))

@@ -35,3 +35,18 @@ def test_the_runtime_does_not_import_the_cluster_package():
 
 def test_the_engines_count_tokens_with_planner_versions_not_the_driver():
     assert offenders("jaxrl_async/engines", ("planner.driver",)) == []
+
+
+# The `python -m jaxrl_async.train|eval|generate` shims: they only forward to jaxrl_async/cli/.
+COMMAND_SHIMS = ("jaxrl_async/train.py", "jaxrl_async/eval.py", "jaxrl_async/generate.py")
+
+
+def test_only_the_command_shims_import_the_command_lines():
+    """A command imports the library, never the other way round (runtime/evaluation.py once imported
+    the eval command, and config_nodes the commands that import it: an import cycle)."""
+    found = [line for line in offenders("jaxrl_async", ("jaxrl_async.cli",))
+             if not line.startswith(("jaxrl_async/cli/", *COMMAND_SHIMS))]
+    assert found == []
+    commands = ("jaxrl_async.cli.eval", "jaxrl_async.cli.generate", "jaxrl_async.cli.train")
+    shared = [REPO / "jaxrl_async" / "cli" / name for name in ("common.py", "config_nodes.py")]
+    assert [(p.name, name) for p in shared for name in imports(p) if name in commands] == []

@@ -39,7 +39,7 @@ from typing import Any
 from jaxrl_async.cluster.deadlines import RpcDeadlines
 from jaxrl_async.cluster.distributed import DistributedConfig
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, least_loaded, read_outputs)
+                                      SampleOutput, check_new_request_id, least_loaded, read_outputs)
 from planner.configs import check
 
 STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
@@ -124,9 +124,10 @@ def build_engine(spec: EngineSpec) -> GenerationEngine:
     config = registry.engine_config(spec.engine, spec.engine_config)
     # A worker is one replica; engine.tensor_parallel > 1 spreads a JAX engine over the worker's
     # devices (cluster.gpus_per_worker of them). vLLM places itself (tensor_parallel_size).
-    tensor_parallel = getattr(config, "tensor_parallel", 1)
+    facts = registry.entry_of(config).facts(config)
+    tensor_parallel = facts.tensor_parallel
     mesh = None
-    if tensor_parallel > 1:
+    if tensor_parallel > 1 and not facts.places_itself:
         import jax
 
         from jaxrl_async.cluster.placement import replica_mesh
@@ -524,8 +525,7 @@ class RayEngineProxy(GenerationEngine):
         answer: a worker that stops answering never holds up the caller (the controller's lock).
         Its answer is awaited in a task, against its own deadline; a refusal (a prompt longer than
         the engine's context) ends the output stream with the worker's one-line error."""
-        if request.request_id in self._owner:
-            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        check_new_request_id(request.request_id, self._owner)
         ready = await self._ready_workers()
         if not ready:
             raise RuntimeError("cluster: no live generation worker")

@@ -6,7 +6,7 @@ Shared by every backend:
   routing rule of every engine that fronts several.
 - `replicated.py`: `ReplicatedEngine`, data-parallel replicas (e.g. one `JaxEngine` per mesh)
   as one engine: least-loaded routing, merged outputs, weights pushed to all.
-- `registry.py`: `engine.name` -> its config dataclass and builder, for train.py and the Ray
+- `registry.py`: `engine.name` -> its config dataclass, facts and builder, for job/ and the Ray
   workers alike.
 
 Backends (`conf/engine/<name>.yaml`):

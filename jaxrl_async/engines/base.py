@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import math
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -87,6 +87,50 @@ class GenerationRequest:
     def __post_init__(self) -> None:
         if not self.prompt_ids:
             raise ValueError(f"request {self.request_id!r}: prompt_ids is empty; need at least one token")
+
+
+def check_new_request_id(request_id: str, live: Container[str]) -> None:
+    """Raise a one-line ValueError when `request_id` is among the engine's `live` requests
+    (queued or running): outputs and `abort` refer to a request by its id."""
+    if request_id in live:
+        raise ValueError(f"request {request_id!r}: request_id is already queued or running")
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one engine can ever run, with the config key that sets each limit (for the message).
+
+    Every backend states its limits once (`JaxEngine`: max_len, num_slots; vLLM: max_model_len,
+    max_num_seqs) and `check` applies the one rule, so both refuse the same requests the same way.
+
+    Attributes:
+      context: most positions of one sample: prompt + max_new_tokens must fit.
+      context_key: the key that sets `context`, e.g. "engine.max_len".
+      samples: most samples of one request (they are decoded together).
+      samples_key: the key that sets `samples`, e.g. "engine.num_slots".
+      vocab_size: prompt token ids must be in [0, vocab_size).
+    """
+
+    context: int
+    context_key: str
+    samples: int
+    samples_key: str
+    vocab_size: int
+
+    def check(self, request: GenerationRequest) -> None:
+        """Raise a one-line ValueError naming the request when it can never run on this engine
+        (reads only the limits, so any thread may call it)."""
+        rid, sp = request.request_id, request.sampling
+        prompt = len(request.prompt_ids)
+        need = prompt + sp.max_new_tokens
+        if need > self.context:
+            raise ValueError(f"request {rid!r}: prompt of {prompt} tokens + max_new_tokens={sp.max_new_tokens} "
+                             f"= {need} exceeds {self.context_key}={self.context}")
+        if sp.n > self.samples:
+            raise ValueError(f"request {rid!r}: n={sp.n} exceeds {self.samples_key}={self.samples}")
+        bad = next((t for t in request.prompt_ids if not 0 <= t < self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"request {rid!r}: prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})")
 
 
 @dataclass(frozen=True)
@@ -200,7 +244,8 @@ class GenerationEngine(abc.ABC):
     @abc.abstractmethod
     async def submit(self, request: GenerationRequest) -> None:
         """Queue a request. Raises ValueError at once (naming the request id) when it can never
-        run: duplicate id, prompt + max_new_tokens longer than the context, n > slots."""
+        run: duplicate id (`check_new_request_id`), prompt + max_new_tokens longer than the
+        context, n > slots, a token outside the vocabulary (`RequestLimits.check`)."""
 
     @abc.abstractmethod
     async def abort(self, request_id: str) -> None:

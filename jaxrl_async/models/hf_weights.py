@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
+from jaxrl_async.trees import path_str
 
 # Layouts: how an HF tensor maps to our (per-layer) array.
 #   copy         same shape
@@ -89,8 +90,7 @@ def _param_vars(model_or_state) -> dict[str, nnx.Variable | jax.Array]:
         else model_or_state
     leaves = jax.tree_util.tree_flatten_with_path(
         state, is_leaf=lambda x: isinstance(x, nnx.Variable))[0]
-    return {"/".join(str(getattr(k, "key", getattr(k, "name", k))) for k in path): leaf
-            for path, leaf in leaves}
+    return {path_str(path): leaf for path, leaf in leaves}
 
 
 def _hf_names(cfg: ModelConfig, path: str) -> list[tuple[str, str]]:

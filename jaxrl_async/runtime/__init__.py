@@ -16,6 +16,6 @@
   checkpoint (the arrays are `jaxrl_async.checkpoint`'s).
 - `config`: `RunConfig`, the typed top level of conf/train.yaml.
 
-The entry point is `python -m jaxrl_async.train` (jaxrl_async/train.py). Another orchestration
+The entry point is `python -m jaxrl_async.train` (jaxrl_async/cli/train.py, the run in jaxrl_async/job/). Another orchestration
 mode (ray) would reuse all of these and replace only how the engine is reached.
 """

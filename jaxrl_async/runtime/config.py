@@ -2,10 +2,10 @@
 
 Hydra composes the YAML; `planner.configs.build(RunConfig, top_level, "")` turns the top-level
 keys (everything that is not a config group) into one frozen dataclass, once, at the entry point
-(`train.typed_config`). Unknown keys are an error naming the key.
+(job/setup.py `typed_config`). Unknown keys are an error naming the key.
 
 The defaults live here, once: the entry points store them as Hydra's `base/train` node
-(jaxrl_async/config_nodes.py), which `conf/train.yaml` lists first, so every field is a
+(jaxrl_async/cli/config_nodes.py), which `conf/train.yaml` lists first, so every field is a
 command-line key; the YAML states only what the embedded demo run sets differently (`steps`,
 `max_new_tokens`) and documents every key.
 

@@ -15,18 +15,20 @@ the step times around them. Weights: they start once the engine holds `version`;
 `sync_mode=partial` a later push may reach a long evaluation mid-way, so `version` is the
 weights it started on (the lowest version of any of its tokens is reported too).
 
-Scoring and the figures are `python -m jaxrl_async.eval`'s (`score_all`, `summarize`), so a
+Scoring and the figures (`decode_all`, `score_all`, `summarize`, `EvalResult`, the block at the
+end of this file) are shared with `python -m jaxrl_async.eval` (jaxrl_async/cli/eval.py), so a
 figure in metrics.jsonl means what the command line prints for the same model and prompts.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams
-from jaxrl_async.eval import EvalResult, score_all, summarize
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 
@@ -126,6 +128,86 @@ class EngineEval:
     async def score(self, task: Task, tokenizer: Tokenizer, pass_threshold: float) -> dict[str, Any]:
         """The figures of the finished evaluation, as `eval/<key>` metrics."""
         tokens = [[self._tokens[i]] for i in range(len(self.prompts))]  # one (greedy) sample each
-        result: EvalResult = summarize(await score_all(task, tokenizer, self.prompts, tokens), None, pass_threshold)
-        return {f"eval/{k}": v for k, v in result.to_json().items() if k != "samples"} | {
+        result = summarize(await score_all(task, tokenizer, self.prompts, tokens), None, pass_threshold)
+        figures = result.to_json()
+        return {f"eval/{k}": figures[k] for k in IN_TRAINING_KEYS} | {
             "eval/version": self.version, "eval/min_token_version": self.min_version}
+
+
+# ------------------------------------------------------------------ decoding, scoring, the figures
+# Shared by the evaluation during training (above, greedy only) and `python -m jaxrl_async.eval`.
+
+# metrics.jsonl's `eval/<key>` figures (docs/design.md §8.3): the greedy pass's.
+IN_TRAINING_KEYS = ("pass_at_1", "mean_reward", "n", "reward_errors")
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    """What an evaluation measured, from two decodings that measure different things: the greedy
+    pass decodes every prompt once at temperature 0; the sampled pass (`samples=k > 1`) draws k
+    completions per prompt at the sampling temperature. A completion passes when its reward is >=
+    the threshold. `sampled_pass_at_k` may be below `greedy_pass_at_1`: at temperature 1 a small
+    model's samples are often worse than its argmax, and pass@k counts the samples only."""
+
+    greedy_pass_at_1: float  # greedy completions that pass / prompts
+    greedy_mean_reward: float  # mean reward of the greedy completions
+    n: int  # prompts scored
+    reward_errors: int  # rewards that raised (scored 0.0), both passes
+    samples: int  # k (1: the greedy pass only)
+    sampled_mean_reward: float | None = None  # mean reward of all n·k sampled completions
+    sampled_pass_at_k: float | None = None  # prompts with >= 1 passing sample among their k / prompts
+    sampled_pass_at_1: float | None = None  # sampled completions that pass / (n·k): pass@1 at the temperature
+
+    def to_json(self) -> dict[str, Any]:
+        """The `output=json` object: docs/design.md §8.7's keys (`pass_at_1` = greedy_pass_at_1,
+        `mean_reward` = greedy_mean_reward, `mean_at_k` = sampled_mean_reward, `pass_at_k` =
+        sampled_pass_at_k; kept for the scripts that read them), then the names that say what each
+        one measures."""
+        out: dict[str, Any] = {"pass_at_1": self.greedy_pass_at_1, "mean_reward": self.greedy_mean_reward,
+                               "n": self.n, "reward_errors": self.reward_errors, "samples": self.samples}
+        if self.samples > 1:
+            out.update(mean_at_k=self.sampled_mean_reward, pass_at_k=self.sampled_pass_at_k)
+        out.update(greedy_pass_at_1=self.greedy_pass_at_1, greedy_mean_reward=self.greedy_mean_reward)
+        if self.samples > 1:
+            out.update(sampled_pass_at_1=self.sampled_pass_at_1, sampled_pass_at_k=self.sampled_pass_at_k,
+                       sampled_mean_reward=self.sampled_mean_reward)
+        return out
+
+
+def decode_all(core: Any, prompts: list[Prompt], sampling: SamplingParams) -> list[list[list[int]]]:
+    """Every prompt through `core` (an `EngineCore`) with `sampling`: per prompt, each sample's
+    tokens in sample order. The core queues what does not fit its slots."""
+    tokens: list[list[list[int]]] = [[[] for _ in range(sampling.n)] for _ in prompts]
+    for i, prompt in enumerate(prompts):
+        core.submit(GenerationRequest(str(i), list(prompt.prompt_ids), sampling))
+    while core.has_work():
+        for out in core.step():
+            tokens[int(out.request_id)][out.sample_index] += out.token_ids
+    return tokens
+
+
+async def score_all(task: Task, tokenizer: Tokenizer, prompts: list[Prompt],
+                    samples: list[list[list[int]]]) -> list[list[Any]]:
+    """The task's reward of every sample (`samples[i]`: prompt i's samples' tokens): per prompt,
+    one `RewardResult` per sample."""
+    async def one(prompt, ids):
+        return await task.reward(prompt, tokenizer.decode(ids), ids)
+
+    return [await asyncio.gather(*(one(p, ids) for ids in ids_of_p)) for p, ids_of_p in zip(prompts, samples)]
+
+
+def summarize(greedy: list[list[Any]], sampled: list[list[Any]] | None, threshold: float) -> EvalResult:
+    """The greedy completions' (one per prompt) pass@1 and mean reward; the samples' mean reward,
+    pass@k and per-sample pass rate."""
+    first = [results[0] for results in greedy]
+    errors = sum(r.error is not None for r in first)
+    out = dict(greedy_pass_at_1=sum(r.value >= threshold for r in first) / len(first),
+               greedy_mean_reward=sum(r.value for r in first) / len(first), n=len(first), samples=1)
+    if sampled is not None:
+        flat = [r for results in sampled for r in results]
+        errors += sum(r.error is not None for r in flat)
+        out.update(samples=len(sampled[0]), sampled_mean_reward=sum(r.value for r in flat) / len(flat),
+                   sampled_pass_at_k=sum(any(r.value >= threshold for r in results) for results in sampled)
+                   / len(sampled),
+                   sampled_pass_at_1=sum(r.value >= threshold for r in flat) / len(flat))
+    return EvalResult(reward_errors=errors, **out)

@@ -28,9 +28,9 @@ class MeshConfig:
     All ones keep the trainer unsharded on one device.
     """
 
-    data: int = 1
-    fsdp: int = 1
-    tensor: int = 1
+    data: int = 1  # devices the batch rows are split over (params replicated)
+    fsdp: int = 1  # devices the batch rows and the weights are split over (ZeRO-3 style)
+    tensor: int = 1  # devices each layer's heads and MLP are split over (Megatron style)
 
     def __post_init__(self) -> None:
         for name in ("data", "fsdp", "tensor"):

@@ -23,10 +23,10 @@ class OptimConfig:
     warmup_steps: int = 0  # linear ramp from 0 to `lr`
     total_steps: int = 1000  # warm-up + cosine decay length; constant `lr * min_lr_ratio` after
     min_lr_ratio: float = 0.1  # final learning rate as a fraction of `lr`
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.01
+    b1: float = 0.9  # Adam's first-moment decay
+    b2: float = 0.999  # Adam's second-moment decay
+    eps: float = 1e-8  # Adam's denominator floor
+    weight_decay: float = 0.01  # AdamW decay of the weight matrices
     max_grad_norm: float | None = 1.0  # clip the global gradient norm to it; None = no clipping
 
     def __post_init__(self) -> None:

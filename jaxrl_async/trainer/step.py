@@ -32,13 +32,9 @@ from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, m2po_cutoff, policy_loss
 from jaxrl_async.trainer.optim import make_optimizer
+from jaxrl_async.trees import cast_floats
 
 Params = Any  # nested dict of arrays (nnx.State.to_pure_dict()), what nnx.merge accepts
-
-
-def _cast_floats(tree: Params, dtype: str) -> Params:
-    dtype = jnp.dtype(dtype)
-    return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
 
 
 def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
@@ -48,7 +44,7 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
     tokens [B, T] int32 -> (logprobs [B, T] f32, entropy [B, T] f32); column 0 (no prefix) is 0.
     `remat` (`TrainerConfig.remat`) only changes what a backward pass keeps, never the values.
     """
-    model = nnx.merge(graphdef, _cast_floats(params, compute_dtype))
+    model = nnx.merge(graphdef, cast_floats(params, compute_dtype))
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     logits = model(tokens, positions, remat=remat)  # [B, T, V] f32
     logp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)  # [B, T-1, V]

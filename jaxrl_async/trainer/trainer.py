@@ -26,6 +26,7 @@ from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import make_optimizer, make_schedule
 from jaxrl_async.trainer.step import Params, compute_logprobs, train_step
+from jaxrl_async.trees import cast_floats, check_like, leaves_by_path, path_str
 
 
 def _decay_paths(state: nnx.State) -> frozenset[str]:
@@ -71,9 +72,7 @@ class Trainer:
         graphdef, state = nnx.split(model, nnx.Param)
         self._graphdef = graphdef
         self._decay_paths = _decay_paths(state)
-        params = jax.tree.map(
-            lambda x: x.astype(jnp.float32) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-            state.to_pure_dict())
+        params = cast_floats(state.to_pure_dict(), jnp.float32)
         init = make_optimizer(cfg.optim, self._decay_paths).init
         static = ("graphdef", "cfg", "decay_paths")
         donate = ("params", "opt_state")
@@ -118,9 +117,7 @@ class Trainer:
         model), float32 or cast to `dtype` (e.g. an engine's "bfloat16"). The step donates its
         params, so `copy=False` (and no cast) returns arrays that die at the next `step`."""
         if dtype is not None and jnp.dtype(dtype) != jnp.float32:
-            dtype = jnp.dtype(dtype)
-            return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
-                                self._params)
+            return cast_floats(self._params, dtype)
         return jax.tree.map(jnp.copy, self._params) if copy else self._params
 
     @property
@@ -189,24 +186,16 @@ class Trainer:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from `state_dict()` output (or orbax's restore of it), after checking that
         every leaf has the current tree's structure, shape and dtype; keeps the placements."""
-        params = _checked_like(self._params, state["params"], "params")
+        what = "the state given to load_state_dict"
+        check_like({"params": self._params}, {"params": state["params"]}, what)
         opt_state = serialization.from_state_dict(self._opt_state, state["opt_state"])
-        opt_state = _checked_like(self._opt_state, opt_state, "opt_state")
-        self._params, self._opt_state = params, opt_state
+        check_like({"opt_state": self._opt_state}, {"opt_state": opt_state}, what)
+        self._params = _placed_like(self._params, state["params"])
+        self._opt_state = _placed_like(self._opt_state, opt_state)
         self._version = int(state["version"])
 
 
-def _checked_like(current: Any, loaded: Any, name: str) -> Any:
-    want = jax.tree_util.tree_flatten_with_path(current)
-    got, got_def = jax.tree.flatten(loaded)
-    if got_def != want[1]:
-        raise ValueError(f"load_state_dict: {name} tree structure differs from the trainer's: {got_def} vs {want[1]}")
-    out = []
-    for (path, cur), new in zip(want[0], got):
-        dtype = new.dtype if hasattr(new, "dtype") else np.asarray(new).dtype
-        if np.shape(new) != cur.shape or dtype != cur.dtype:
-            raise ValueError(
-                f"load_state_dict: {name}{jax.tree_util.keystr(path)} is {dtype}"
-                f"{list(np.shape(new))}, the trainer has {cur.dtype}{list(cur.shape)}")
-        out.append(jax.device_put(new, cur.sharding))
-    return jax.tree.unflatten(want[1], out)
+def _placed_like(current: Any, loaded: Any) -> Any:
+    """`loaded` (already `check_like`d against `current`) in `current`'s structure and placements."""
+    new = leaves_by_path(loaded)
+    return jax.tree_util.tree_map_with_path(lambda p, cur: jax.device_put(new[path_str(p)], cur.sharding), current)

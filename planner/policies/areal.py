@@ -21,7 +21,7 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class ArealParams:
-    max_head_offpolicyness: int = 0
+    max_head_offpolicyness: int = 0  # AReaL's staleness bound in versions; conf null = max_staleness
     max_concurrent_rollouts: int | None = None  # None = consumer_batch_size (B), as AReaL
 
     def __post_init__(self) -> None:

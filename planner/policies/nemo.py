@@ -44,7 +44,7 @@ def _check_caps(params: Any) -> None:
 
 @dataclass(frozen=True)
 class NemoStalenessParams:
-    max_staleness_versions: int = 1
+    max_staleness_versions: int = 1  # NeMo-RL's staleness bound in versions; conf null = max_staleness
     max_inflight_prompts: int | None = None  # None = B·(max_staleness_versions + 1)
     max_buffered_rollouts: int | None = None  # None = B·(max_staleness_versions + 1)
 
@@ -61,7 +61,7 @@ class NemoWindowedParams(NemoStalenessParams):
 
 @dataclass(frozen=True)
 class NemoLookaheadParams:
-    max_lookahead_versions: int = 1
+    max_lookahead_versions: int = 1  # versions ahead a prompt may be bound to; conf null = max_staleness
     max_inflight_prompts: int | None = None  # None = B·(max_lookahead_versions + 1)
     max_buffered_rollouts: int | None = None  # None = B·(max_lookahead_versions + 1)
 

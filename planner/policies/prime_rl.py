@@ -24,7 +24,7 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class PrimeRlParams:
-    max_off_policy_steps: int = 8
+    max_off_policy_steps: int = 8  # prime-rl's staleness bound in steps; conf null = max_staleness
     max_inflight: int | None = None  # ceiling of the adaptive cap, groups; None = B·(max_off_policy_steps + 1)
     min_inflight: int | None = None  # floor; None = B
     initial_inflight: int | None = None  # cap before the first engine report; None = B

@@ -29,7 +29,7 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class RollParams:
-    async_generation_ratio: float = 0.0
+    async_generation_ratio: float = 0.0  # ROLL's rollouts ahead of training, in steps; conf null = max_staleness
 
     def __post_init__(self) -> None:
         r = self.async_generation_ratio

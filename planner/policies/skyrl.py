@@ -21,7 +21,7 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class SkyrlParams:
-    max_staleness_steps: int = 1
+    max_staleness_steps: int = 1  # SkyRL's staleness bound in steps; conf null = max_staleness
     num_parallel_generation_workers: int | None = None  # None = B·(max_staleness_steps + 1)
 
     def __post_init__(self) -> None:

@@ -21,7 +21,7 @@ from planner.types import Decision, PlanContext
 @dataclass(frozen=True)
 class SlimeParams:
     sglang_server_concurrency: int | None = None  # summed over engines, trajectories; None = n·B
-    fully_async_group_prefetch_factor: float = 1.0
+    fully_async_group_prefetch_factor: float = 1.0  # slime's in-flight cap, × B groups; conf null = max_staleness + 1
 
     def __post_init__(self) -> None:
         c = self.sglang_server_concurrency

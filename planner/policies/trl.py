@@ -20,7 +20,7 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class TrlParams:
-    max_staleness: int = 1
+    max_staleness: int = 1  # TRL's staleness bound in steps; conf null = the run's max_staleness
     max_inflight_tasks: int | None = None  # trajectories; None = per_step_traj · max(max_staleness, 1)
 
     def __post_init__(self) -> None:

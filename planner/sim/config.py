@@ -24,7 +24,7 @@ RECOVERY_MODES = ("resume", "regenerate")
 class WorkerConfig:
     """Generation workers: continuous batching with a memory-bound decode step."""
 
-    num_workers: int = 4
+    num_workers: int = 4  # generation workers (engines)
     speeds: tuple[float, ...] | None = None  # per-worker speed factor (uneven workers); None = all 1
     max_concurrency: int = 256  # sequences decoding at once on one worker (engine slots)
     kv_capacity: int = 4_000_000  # KV-cache tokens per worker (prompt + response of running groups)

@@ -107,7 +107,7 @@ class LognormalParams:
     sigma: float = 0.6  # spread within a group
     prompt_sigma: float = 0.5  # spread of the per-prompt difficulty factor (group correlation)
     max_tokens: int = 4096  # truncation limit: lengths are clipped here
-    prompt_tokens: int = 256
+    prompt_tokens: int = 256  # prompt length of every group
     num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
@@ -131,10 +131,10 @@ class BimodalParams:
     short_mean: float = 300.0  # median length of an easy prompt's responses
     long_mean: float = 2500.0  # median length of a hard prompt's responses
     p_long: float = 0.2  # fraction of hard prompts (the whole group is long)
-    sigma: float = 0.3
-    prompt_sigma: float = 0.2
-    max_tokens: int = 4096
-    prompt_tokens: int = 256
+    sigma: float = 0.3  # spread within a group
+    prompt_sigma: float = 0.2  # spread of the per-prompt difficulty factor (group correlation)
+    max_tokens: int = 4096  # truncation limit: lengths are clipped here
+    prompt_tokens: int = 256  # prompt length of every group
     num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:
@@ -161,9 +161,9 @@ class Bimodal(Workload):
 class HeavyTailParams:
     scale: float = 200.0  # Pareto (type I) minimum length
     alpha: float = 1.5  # tail index: smaller = heavier tail
-    prompt_sigma: float = 0.3
-    max_tokens: int = 8192
-    prompt_tokens: int = 256
+    prompt_sigma: float = 0.3  # spread of the per-prompt difficulty factor (group correlation)
+    max_tokens: int = 8192  # truncation limit: lengths are clipped here
+    prompt_tokens: int = 256  # prompt length of every group
     num_prompts: int | None = None  # dataset size; null = every prompt new
 
     def __post_init__(self) -> None:

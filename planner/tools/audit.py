@@ -17,7 +17,6 @@ docs/design.md §8.2 lists the rules; tests/planner/tools/test_audit.py holds a 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections import Counter
@@ -27,6 +26,7 @@ from typing import Any
 
 from planner.ledger import LEDGER_FILE, LedgerError, read_ledger
 from planner.run_files import METRICS_FILE, SUMMARY_FILE
+from planner.tools import entry
 from planner.tools.length_bias import length_bias
 
 
@@ -248,7 +248,7 @@ def _completeness(ledger: Path, events: int, trained: set[int], summary: dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m planner.audit", description=__doc__.splitlines()[0])
+    parser = entry.ArgumentParser(prog="python -m planner.audit", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="run directory holding ledger.jsonl (or the ledger file itself)")
     parser.add_argument("--max-staleness", type=int, help="η to check (default: summary.json's)")
     parser.add_argument("--max-length-bias", type=float,

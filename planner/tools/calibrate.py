@@ -41,7 +41,6 @@ error and exit status 1.
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import shlex
@@ -56,6 +55,7 @@ import yaml
 from planner.configs import build
 from planner.registry import given_params
 from planner.sim.config import SimConfig
+from planner.tools import entry
 from planner.tools.run_trace import TRACE_FILE, read_run_trace
 
 CALIBRATION_FILE = "calibration.yaml"
@@ -316,7 +316,7 @@ def report(cal: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m planner.calibrate", description=__doc__.splitlines()[0])
+    ap = entry.ArgumentParser(prog="python -m planner.calibrate", description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", help="a training run's directory (holds trace.jsonl)")
     ap.add_argument("--out", help=f"where to write the calibration (default RUN_DIR/{CALIBRATION_FILE})")
     args = ap.parse_args(argv)

@@ -40,6 +40,7 @@ import numpy as np
 import yaml
 
 from planner.sim.metrics import read_steps
+from planner.tools import entry
 from planner.tools.simulate import CONF_DIR, SimulateConfig, register_config_nodes, run_simulation
 
 GANTT_START, GANTT_STEPS = 0, 6  # the Gantt's default window: groups admitted at versions 0-5
@@ -80,14 +81,8 @@ def parse_args(argv: Sequence[str]) -> tuple[dict[str, Any], list[str]]:
 
 
 def compose(overrides: Sequence[str]) -> SimulateConfig:
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
     register_config_nodes()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        cfg = hydra_compose("simulate", overrides=list(overrides))
-    return SimulateConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True))
+    return SimulateConfig.from_mapping(entry.compose(CONF_DIR, "simulate", overrides))
 
 
 def no_drop_bound(config: SimulateConfig, eta: int, samples: int = 20_000) -> float:
@@ -127,7 +122,6 @@ def run_compare(argv: Sequence[str]) -> list[dict[str, Any]]:
 
     own, passthrough = parse_args(argv)
     out = Path(own["out"])
-    out.mkdir(parents=True, exist_ok=True)
     jobs = [(wl, None, None) for wl in own["workloads"]]
     jobs += [(wl, p, eta) for wl in own["workloads"] for p in own["policies"] for eta in own["etas"]]
     configs = {}  # validate every run before the first one starts
@@ -135,6 +129,7 @@ def run_compare(argv: Sequence[str]) -> list[dict[str, Any]]:
         over = [*passthrough, f"workload={wl}", f"policy={policy or own['reference_policy']}",
                 f"max_staleness={'null' if eta is None else eta}"]
         configs[wl, policy, eta] = compose(over)
+    out.mkdir(parents=True, exist_ok=True)  # after the checks: a rejected command leaves no folder
     rows, ceiling, summaries = [], {}, {}
     for wl, policy, eta in tqdm(jobs, desc="compare", unit="run"):
         name = policy or f"{own['reference_policy']}_unbounded"
@@ -174,6 +169,10 @@ def run_compare(argv: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def main() -> None:
+    if entry.wants_help(sys.argv[1:]):
+        print(__doc__.split("\nTwo reference columns")[0].rstrip()
+              + "\n\nEvery other KEY=VALUE is planner.simulate's: python -m planner.simulate --help lists them.")
+        return
     try:
         run_compare(sys.argv[1:])
     except ValueError as e:

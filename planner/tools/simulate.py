@@ -19,7 +19,6 @@ The last line printed names the run directory.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +35,8 @@ from planner.sim.metrics import write_outputs
 from planner.sim.recorder import EventRecorder
 from planner.sim.simulator import SimResult, Simulator
 from planner.sim.workloads import WORKLOADS, Workload, make_workload
+from planner.tools.entry import Command, fail, hydra_main
+from planner.tools.help import HelpSpec
 from planner.types import PlanContext
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
@@ -43,11 +44,21 @@ TOP_KEYS = ("policy", "max_staleness", "batch_groups", "group_size", "steps", "s
 CALIBRATION_KEYS = ("sim", "fit", "run")  # fit and run are for people; only sim is applied
 
 
+def config_nodes() -> dict[str, type]:
+    """Base node path -> the simulator dataclass whose defaults it holds."""
+    return {"sim": SimConfig, **{f"workload/{name}": w.Params for name, w in WORKLOADS.items()}}
+
+
 def register_config_nodes() -> None:
     """The simulator's config dataclasses' defaults as Hydra nodes (`base/sim`,
     `base/workload/<name>`), which `conf/sim/default.yaml` and `conf/workload/*.yaml` list first:
     the defaults live in the dataclasses only. Call it before composing `conf/simulate.yaml`."""
-    register_defaults({"sim": SimConfig, **{f"workload/{name}": w.Params for name, w in WORKLOADS.items()}})
+    register_defaults(config_nodes())
+
+
+def help_spec(prog: str, summary: str, nodes: Mapping[str, type] | None = None) -> HelpSpec:
+    """What `--help` reads for the commands on conf/simulate.yaml (simulate; tune adds `nodes`)."""
+    return HelpSpec(prog, summary, {**config_nodes(), **(nodes or {})}, {"policy": lambda name: policy_class(name).Params})
 
 
 def _int(name: str, value: Any, *, optional: bool = False) -> int | None:
@@ -186,21 +197,6 @@ def one_line(summary: Mapping[str, Any]) -> str:
     )
 
 
-def check_policy_overrides(argv: Sequence[str]) -> None:
-    """Hydra's own error for an unknown config-group option spans many lines; name it in one."""
-    for arg in argv:
-        m = re.fullmatch(r"policy=(.+)", arg)
-        if not m:
-            continue
-        for name in re.split(r"\s*,\s*", m.group(1)):
-            policy_class(name)
-
-
-def _fail(e: ValueError) -> None:
-    print(f"error: {e}", file=sys.stderr)
-    sys.exit(1)
-
-
 def _app(cfg: Any) -> None:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import OmegaConf
@@ -209,7 +205,7 @@ def _app(cfg: Any) -> None:
         config = SimulateConfig.from_mapping(OmegaConf.to_container(cfg, resolve=True),
                                              sim_overrides(HydraConfig.get().overrides.task))
     except ValueError as e:
-        _fail(e)
+        fail(e)
     if cfg.calibration is not None and (warning := calibration_mismatch(cfg.calibration, config)):
         print(f"warning: {warning}", file=sys.stderr)
     out_dir = HydraConfig.get().runtime.output_dir
@@ -220,15 +216,12 @@ def _app(cfg: Any) -> None:
         sys.exit(2)
 
 
-def main() -> None:
-    import hydra
+COMMAND = Command(CONF_DIR, "simulate", help_spec("python -m planner.simulate", __doc__.splitlines()[0].split(": ", 1)[1]),
+                  register_config_nodes, lambda cfg, overrides: SimulateConfig.from_mapping(cfg, sim_overrides(overrides)))
 
-    try:
-        check_policy_overrides(sys.argv[1:])
-    except ValueError as e:
-        _fail(e)
-    register_config_nodes()
-    hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="simulate")(_app)()
+
+def main() -> None:
+    hydra_main(COMMAND, _app)
 
 
 if __name__ == "__main__":

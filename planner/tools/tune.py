@@ -42,8 +42,10 @@ from typing import Any
 import numpy as np
 
 from planner.configs import build, check, register_defaults
-from planner.tools.simulate import (CONF_DIR, SimulateConfig, register_config_nodes, run_simulation, sim_overrides,
-                              with_calibration)
+from planner.tools import entry
+from planner.tools.help import help_text
+from planner.tools.simulate import (CONF_DIR, SimulateConfig, help_spec, register_config_nodes, run_simulation,
+                                    sim_overrides, with_calibration)
 
 TARGETS = ("max_staleness", "max_throughput", "min_staleness")
 OUTPUTS = ("table", "json")
@@ -317,20 +319,9 @@ def print_table(report: Mapping[str, Any]) -> None:
 
 def compose(overrides: Sequence[str]) -> dict[str, Any]:
     """`conf/tune.yaml` (planner.simulate's config plus the tuner's keys) with `overrides`, as plain data."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     register_config_nodes()
     register_defaults({"tune": TuneConfig})
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = hydra_compose("tune", overrides=list(overrides))
-        return OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(str(e).strip().splitlines()[0]) from e
+    return entry.compose(CONF_DIR, "tune", overrides)
 
 
 def prepare(overrides: Sequence[str]) -> tuple[TuneConfig, dict[str, Any]]:
@@ -349,8 +340,14 @@ def prepare(overrides: Sequence[str]) -> tuple[TuneConfig, dict[str, Any]]:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if entry.wants_help(argv):
+        spec = replace(help_spec("python -m planner.tune", __doc__.splitlines()[0].split(": ", 1)[1], {"tune": TuneConfig}),
+                       hydra_flags=False)
+        print(help_text(CONF_DIR, "tune", spec, argv), end="")
+        return
     try:
-        tcfg, base_map = prepare(sys.argv[1:] if argv is None else argv)
+        tcfg, base_map = prepare(argv)
         report = tune(tcfg, base_map)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,7 +26,8 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-from jaxrl_async.train import TrainJob, typed_config  # noqa: E402
+from jaxrl_async.job.lifecycle import TrainJob  # noqa: E402
+from jaxrl_async.job.setup import typed_config  # noqa: E402
 from tests.helpers.train_runs import StepProbe, compose_train, read_jsonl, run_within  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")

@@ -10,8 +10,9 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from jaxrl_async.config_nodes import register_config_nodes
-from jaxrl_async.train import TrainJob, typed_config
+from jaxrl_async.cli.config_nodes import register_config_nodes
+from jaxrl_async.job.lifecycle import TrainJob
+from jaxrl_async.job.setup import typed_config
 from tests.helpers import CONF
 
 # Small and quiet: what every test run shares (each test adds its own sizes).

@@ -265,16 +265,16 @@ def test_a_resume_with_another_model_is_one_line_naming_the_source_and_the_first
     with pytest.raises(ValueError) as info:
         resume_job(finished_run, f"model.source={other}")
     assert str(info.value) == (
-        f"resume: model.source='{other}' does not fit the checkpoint: params/layers/w_down has shape "
-        "(2, 128, 64) in the checkpoint, (2, 96, 64) in this model; resume with the checkpointed run's model")
+        f"resume: model.source='{other}' does not fit the checkpoint: params/layers/w_down is "
+        "float32[2, 128, 64] in the checkpoint; expected float32[2, 96, 64]; resume with the checkpointed run's model")
 
 
 @pytest.mark.slow
 def test_a_resume_that_changes_sampling_or_the_learning_rate_warns_listing_the_changes(finished_run, caplog):
-    with caplog.at_level("WARNING", logger="jaxrl_async.train"):
+    with caplog.at_level("WARNING", logger="jaxrl_async.job.resume"):
         job = resume_job(finished_run, "trainer.optim.lr=0.001", "temperature=0.7")
     job.release()
-    warnings = [r.getMessage() for r in caplog.records if r.name == "jaxrl_async.train"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "jaxrl_async.job.resume"]
     assert warnings == ["resume: settings changed since the checkpoint: trainer.optim.lr: 0.005 -> 0.001; "
                         "temperature: 1.0 -> 0.7"]
 

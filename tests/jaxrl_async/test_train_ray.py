@@ -21,7 +21,8 @@ ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
-from jaxrl_async.train import TrainJob, typed_config  # noqa: E402
+from jaxrl_async.job.lifecycle import TrainJob  # noqa: E402
+from jaxrl_async.job.setup import typed_config  # noqa: E402
 from planner.tools.audit import audit  # noqa: E402
 from tests.helpers.train_runs import StepProbe, compose_train, read_jsonl, run_within  # noqa: E402
 

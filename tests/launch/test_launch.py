@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launch.launch import TARGETS, main
+from launch.launch import TARGETS, commands, main
 from tests.helpers import REPO
 
 
@@ -97,10 +97,22 @@ def test_every_target_has_a_dry_run_test():
 
 
 def test_an_unknown_option_is_a_one_line_error():
-    with pytest.raises(ValueError, match=r"unknown option --nodez=2 for target sbatch"):
-        main(["sbatch", "--dry-run", "--nodez=2"])
-    with pytest.raises(ValueError, match=r"tpu target needs --tpu-name and --zone"):
-        main(["tpu", "--dry-run"])
+    with pytest.raises(ValueError, match=r"unknown option --nodez=2 for target sbatch \(did you mean --nodes\?"):
+        commands(["sbatch", "--dry-run", "--nodez=2"])
+    with pytest.raises(ValueError, match=r"^--tpu-name and --zone: required for target tpu"):
+        commands(["tpu", "--dry-run"])
+
+
+@pytest.mark.parametrize(("args", "first"), [
+    (["tpu", "--dry-run"], "error: --tpu-name and --zone: required for target tpu"),
+    (["tpu", "--dry-run", "--zone=z"], "error: --tpu-name: required for target tpu"),
+    (["multiprocess", "--nprocs=2", "--dry-run"], "error: unknown option --nprocs=2 for target multiprocess (did you mean --nproc"),
+    (["multiprocess", "--nproc", "abc"], "error: argument --nproc: invalid int value: 'abc'"),
+])
+def test_bad_options_are_one_line_on_stderr_with_a_non_zero_status(args, first):
+    p = subprocess.run([sys.executable, "-m", "launch", *args], cwd=REPO, capture_output=True, text=True)
+    assert p.returncode in (1, 2) and p.stdout == ""
+    assert p.stderr.startswith(first) and p.stderr.count("\n") == 1, p.stderr
 
 
 def test_the_module_entry_point_prints_the_same_commands():

@@ -42,6 +42,33 @@ def test_a_missing_required_key_and_hydras_missing_mark_are_the_same_one_line_er
             build(Outer, values, "x")
 
 
+@pytest.mark.parametrize(("values", "message"), [
+    ({"size": "abc"}, "x.size='abc': must be an integer"),
+    ({"size": 2.5}, "x.size=2.5: must be an integer"),
+    ({"size": True}, "x.size=True: must be an integer"),
+    ({"size": 2, "inner": {"rate": "abc"}}, "x.inner.rate='abc': must be a number"),
+    ({"size": 2, "spare": 3}, "x.spare=3: must be a mapping, or null"),
+    ({"size": 2, "tags": "a"}, "x.tags='a': must be a list of strings"),
+    ({"size": 2, "tags": ["a", 1]}, "x.tags=['a', 1]: must be a list of strings"),
+])
+def test_a_value_of_the_wrong_type_is_one_line_naming_the_dotted_key_before_post_init(values, message):
+    with pytest.raises(ValueError) as info:
+        build(Outer, values, "x")
+    assert str(info.value) == message
+
+
+def test_a_number_field_takes_an_integer_and_an_optional_field_takes_null():
+    assert build(Outer, {"size": 2, "inner": {"rate": 1}, "spare": None, "tags": ("b",)}, "x") == \
+        Outer(2, Inner(1), None, ("b",))
+
+
+def test_text_in_a_simulator_number_field_names_the_key_not_the_class():
+    with pytest.raises(ValueError, match=r"^sim\.trainer\.c0='abc': must be a number$"):
+        build(SimConfig, {"trainer": {"c0": "abc"}}, "sim")
+    with pytest.raises(ValueError, match=r"^sim\.workers\.speeds=\[1, 'x'\]: must be a list of numbers, or null$"):
+        build(SimConfig, {"workers": {"num_workers": 2, "speeds": [1, "x"]}}, "sim")
+
+
 def test_check_names_the_key_its_value_and_the_rule():
     check(True, "a.b", 1, "never shown")
     with pytest.raises(ValueError, match=r"^a\.b='z': must be one of \('x', 'y'\)$"):

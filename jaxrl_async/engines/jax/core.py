@@ -60,7 +60,7 @@ import collections
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import jax
 import numpy as np
@@ -68,7 +68,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_async.engines.jax import layout
-from jaxrl_async.engines.base import GenerationRequest, SampleOutput
+from jaxrl_async.engines.base import GenerationRequest, RequestLimits, SampleOutput, check_new_request_id
 from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
 from jaxrl_async.engines.jax.weights import accept_params
 from jaxrl_async.models.config import DTYPES, ModelConfig
@@ -124,6 +124,8 @@ class EngineConfig:
     `EngineCore` does not read the last three: the caller builds one mesh per replica from them
     and passes it (`EngineCore(..., mesh=)`).
     """
+
+    name: ClassVar[str] = "jax"  # `engine.name`: its entry in engines/registry.py
 
     num_slots: int = 8
     max_len: int = 1024
@@ -210,6 +212,8 @@ class EngineCore:
                 f"max_position_embeddings={model_config.max_position_embeddings}")
         self.config = config
         self.model_config = model_config
+        self.limits = RequestLimits(context=config.max_len, context_key="engine.max_len", samples=config.num_slots,
+                                    samples_key="engine.num_slots", vocab_size=model_config.vocab_size)
         self.version = version
         self.mesh = mesh
         state = nnx.state(model, nnx.Param)
@@ -279,26 +283,15 @@ class EngineCore:
     # ------------------------------------------------------------------ commands
 
     def check_request(self, request: GenerationRequest) -> None:
-        """Raise a one-line ValueError naming the request when it can never run on this engine.
+        """Raise a one-line ValueError naming the request when it can never run on this engine
+        (`RequestLimits.check`, the rule the vLLM engine shares).
 
         Reads only the configs, so any thread may call it; `submit` adds the duplicate-id check.
         """
-        rid, sp = request.request_id, request.sampling
-        need = len(request.prompt_ids) + sp.max_new_tokens
-        if need > self.config.max_len:
-            raise ValueError(
-                f"request {rid!r}: prompt of {len(request.prompt_ids)} tokens + max_new_tokens="
-                f"{sp.max_new_tokens} = {need} exceeds the context max_len={self.config.max_len}")
-        if sp.n > self.config.num_slots:
-            raise ValueError(f"request {rid!r}: n={sp.n} exceeds the engine's num_slots={self.config.num_slots}")
-        vocab = self.model_config.vocab_size
-        bad = [t for t in request.prompt_ids if not 0 <= t < vocab]
-        if bad:
-            raise ValueError(f"request {rid!r}: prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        self.limits.check(request)
 
     def submit(self, request: GenerationRequest) -> None:
-        if request.request_id in self._live:
-            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        check_new_request_id(request.request_id, self._live)
         self.check_request(request)
         if request.sampling.seed is None:
             seed = int(self._seeds.integers(2**32))

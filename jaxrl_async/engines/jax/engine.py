@@ -23,7 +23,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
-                                      GenerationRequest, SampleOutput, read_outputs)
+                                      GenerationRequest, SampleOutput, check_new_request_id, read_outputs)
 from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
 from jaxrl_async.models.config import ModelConfig
 
@@ -75,8 +75,7 @@ class JaxEngine(GenerationEngine):
 
     async def submit(self, request: GenerationRequest) -> None:
         self._raise_if_failed()
-        if request.request_id in self._live:
-            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
+        check_new_request_id(request.request_id, self._live)
         self.core.check_request(request)
         self._live[request.request_id] = request.sampling.n
         self._send("submit", request)

@@ -38,10 +38,10 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, read_outputs)
+                                      RequestLimits, SampleOutput, check_new_request_id, read_outputs)
 from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api
 from jaxrl_async.engines.vllm.convert import piece_finish, sampling_kwargs, versions_from_spans, vllm_priority
 from jaxrl_async.engines.vllm.weights import WeightChecker, to_torch
@@ -75,6 +75,8 @@ class VllmEngineConfig:
       seed: vLLM's global seed.
       engine_args: any other `AsyncEngineArgs` field, passed through.
     """
+
+    name: ClassVar[str] = "vllm"  # `engine.name`: its entry in engines/registry.py
 
     sync_mode: str = "partial"
     recompute_kv: bool = True
@@ -130,6 +132,9 @@ class VllmEngine(GenerationEngine):
         check_vllm_api()
         check_model_for_platform(checker.cfg)
         self.config, self.checker, self.model_dir = config, checker, str(model_dir)
+        self.limits = RequestLimits(context=config.max_model_len, context_key="engine.max_model_len",
+                                    samples=config.max_num_seqs, samples_key="engine.max_num_seqs",
+                                    vocab_size=checker.cfg.vocab_size)
         self.transport = make_transport(config.transport, **config.transport_options)
         self._version = version
         self._llm = None
@@ -180,18 +185,9 @@ class VllmEngine(GenerationEngine):
     # ------------------------------------------------------------------ requests
 
     async def submit(self, request: GenerationRequest) -> None:
-        c, sp = self.config, request.sampling
-        if request.request_id in self._live:
-            raise ValueError(f"request {request.request_id!r}: request_id is already queued or running")
-        if len(request.prompt_ids) + sp.max_new_tokens > c.max_model_len:
-            raise ValueError(f"request {request.request_id!r}: prompt ({len(request.prompt_ids)}) + "
-                             f"max_new_tokens ({sp.max_new_tokens}) > engine.max_model_len={c.max_model_len}")
-        if sp.n > c.max_num_seqs:
-            raise ValueError(f"request {request.request_id!r}: n={sp.n} > engine.max_num_seqs={c.max_num_seqs}")
-        vocab = self.checker.cfg.vocab_size
-        bad = next((t for t in request.prompt_ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise ValueError(f"request {request.request_id!r}: prompt token {bad} outside the vocabulary [0, {vocab})")
+        sp = request.sampling
+        check_new_request_id(request.request_id, self._live)
+        self.limits.check(request)
         samples = [_SampleProgress(request.request_id, i, list(request.prompt_ids), sp.max_new_tokens)
                    for i in range(sp.n)]
         self._live[request.request_id] = samples

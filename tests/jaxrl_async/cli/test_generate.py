@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from jaxrl_async.generate import main
+from jaxrl_async.cli.generate import main
 from jaxrl_async.models.loading import load_model
 
 
@@ -18,10 +18,13 @@ def run_main(capsys, *args: str) -> tuple[int, str, str]:
     return code, captured.out, captured.err
 
 
+STATUS = "loading model tiny ...\ncompiling and generating up to 6 tokens ...\n"
+
+
 def test_json_output_is_one_object_whose_tokens_are_the_greedy_continuation_of_the_templated_prompt(capsys):
     code, out, err = run_main(capsys, "model=tiny", "prompt=hello", "max_new_tokens=6",
                               "temperature=0", "output=json")
-    assert code == 0 and err == ""
+    assert code == 0 and err == STATUS and out.count("\n") == 1  # stdout: exactly the JSON object
     result = json.loads(out)
     assert {"prompt_ids", "token_ids", "text", "logprobs"} <= set(result)
     loaded = load_model("tiny")
@@ -46,7 +49,8 @@ def test_chat_false_encodes_the_raw_prompt_and_text_output_prints_the_completion
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=nope"], "Could not find 'model/nope' Available options in 'model':"),
+    (["model=nope"], "model=nope: unknown option (options: smollm2_135m, tiny)"),
+    (["max_new_token=2"], "max_new_token: unknown key (did you mean max_new_tokens?)"),
     (["max_new_tokens=2000"], "max_new_tokens=2000 = 20"),
     (["model.source=/nowhere.gguf"], "model source '/nowhere.gguf' is neither"),
     (["output=xml"], "output='xml': must be one of"),
@@ -54,8 +58,10 @@ def test_chat_false_encodes_the_raw_prompt_and_text_output_prints_the_completion
 ])
 def test_bad_input_is_one_line_on_stderr_and_exit_status_1(capsys, args, message):
     code, out, err = run_main(capsys, *args)
+    *status, error = err.splitlines()
     assert code == 1 and out == ""
-    assert err.count("\n") == 1 and err.startswith("error: ") and message in err
+    # What ran before the error says so; the error itself is one line.
+    assert all(line.endswith(" ...") for line in status) and error.startswith("error: ") and message in error, err
 
 
 @pytest.mark.slow

@@ -1,0 +1,112 @@
+"""`python -m jaxrl_async.generate [overrides]`: complete one prompt with the native JAX engine.
+
+    python -m jaxrl_async.generate model=smollm2_135m prompt="What is 2+2?" max_new_tokens=32 \
+        temperature=0 output=json
+
+Hydra composes `conf/generate.yaml` (group: model; `model.source=PATH` takes a HF directory or
+a .gguf file). The prompt goes through the model's chat template as one user message unless
+`chat=false` or the tokenizer has none. `output=text` prints the completion; `output=json`
+prints exactly one JSON object (docs/design.md §8):
+`{"prompt_ids", "token_ids", "text", "logprobs", "finish_reason"}`. Bad input — an unknown model
+or key, a bad value, a prompt that does not fit the model's context — is one line on stderr and
+exit status 1. While it loads the model and compiles, it says so on stderr; stdout holds only
+the output above.
+
+The command line's plumbing (compose, type, one-line errors, status lines) is cli/common.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from jaxrl_async.cli.common import note, run_command
+from jaxrl_async.engines.base import GenerationRequest, SamplingParams
+from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.models.loading import ModelSpec, load_model
+from planner.configs import build, check
+
+OUTPUTS = ("text", "json")
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """The command line's keys (`conf/generate.yaml` documents them; the defaults live here)."""
+
+    model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
+    prompt: str = "Hello"  # the text to complete (wrapped in the chat template when `chat`)
+    max_new_tokens: int = 32  # longest completion
+    temperature: float = 0.0  # 0 = greedy
+    top_p: float = 1.0  # nucleus sampling; 1.0 = off
+    top_k: int = 0  # 0 = off
+    seed: int = 0  # the sampling seed
+    chat: bool = True  # apply the chat template when the tokenizer has one
+    output: str = "text"  # "text": print the completion | "json": one JSON object
+
+    def __post_init__(self) -> None:
+        check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")
+        check(isinstance(self.chat, bool), "chat", self.chat, "must be true or false")
+
+
+def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
+    """The composed `conf/generate.yaml` -> `GenerateConfig`; every problem is a one-line ValueError."""
+    model = cfg.get("model")
+    check(isinstance(model, dict) and "source" in model, "model", model,
+          "choose one with model=NAME (conf/model/*.yaml)")
+    return build(GenerateConfig, {**cfg, "model": {**model, "source": str(model["source"])}}, "")
+
+
+def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
+    """Load the model, run the prompt through an `EngineCore` of one slot, return the result;
+    `say` gets a status line before each slow phase (the command line prints them on stderr)."""
+    say(f"loading model {config.model.source} ...")
+    loaded = load_model(config.model.source, dtype=config.model.dtype)
+    tok = loaded.tokenizer
+    if tok is None:
+        raise ValueError(f"model.source={config.model.source!r}: has no tokenizer.json; cannot encode a text prompt")
+    if config.chat and tok.chat_template:
+        text = tok.apply_chat_template([{"role": "user", "content": config.prompt}])
+        prompt_ids = tok.encode(text, add_bos=False)  # the template writes its own specials
+    else:
+        prompt_ids = tok.encode(config.prompt)
+    sampling = SamplingParams(
+        max_new_tokens=config.max_new_tokens, temperature=config.temperature, top_p=config.top_p,
+        top_k=config.top_k, seed=config.seed,
+        stop_token_ids=loaded.stop_token_ids)
+    need = len(prompt_ids) + config.max_new_tokens
+    context = loaded.cfg.max_position_embeddings
+    if need > context:
+        raise ValueError(f"prompt of {len(prompt_ids)} tokens + max_new_tokens={config.max_new_tokens} "
+                         f"= {need} exceeds the model's context max_position_embeddings={context}")
+    core = EngineCore(loaded.model, loaded.cfg,
+                      EngineConfig(num_slots=1, max_len=need, min_bucket=min(16, need)))
+    core.submit(GenerationRequest("prompt", prompt_ids, sampling))
+    say(f"compiling and generating up to {config.max_new_tokens} tokens ...")
+    outputs = []
+    while core.has_work():
+        outputs += core.step()
+    (out,) = outputs
+    return {"prompt_ids": prompt_ids, "token_ids": out.token_ids,
+            "text": tok.decode(out.token_ids), "logprobs": out.logprobs,
+            "finish_reason": out.finish_reason}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_command("generate", GenerateConfig, argv, typed_config, lambda config: generate(config, say=note),
+                       lambda config, result: (json.dumps(result) if config.output == "json" else result["text"]) + "\n")
+
+
+def run() -> None:
+    """`python -m` entry (this module's and the jaxrl_async/generate.py shim's): the on-disk
+    compilation cache, then `main`'s exit status."""
+    from jaxrl_async.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

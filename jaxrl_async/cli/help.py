@@ -1,0 +1,40 @@
+"""What `--help` reads for the commands on conf/ (train, generate, eval): the config dataclasses
+by name, read from their source (planner/tools/help.py) without importing them — their modules
+import JAX, and `--help` answers in well under a second only without it. This module imports
+nothing of the package for that reason; tests/jaxrl_async/cli/test_config_nodes.py keeps
+`HELP_NODES` equal to what cli/config_nodes.py registers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # every command composes conf/ from the repository root
+# ConfigStore path -> "module:Class" of the dataclass whose fields (and field comments) it lists.
+HELP_NODES = {
+    "train": "jaxrl_async.runtime.config:RunConfig",
+    "generate": "jaxrl_async.cli.generate:GenerateConfig",
+    "eval": "jaxrl_async.cli.eval:EvalConfig",
+    "trainer": "jaxrl_async.trainer.config:TrainerConfig",
+    "engine/jax": "jaxrl_async.engines.jax.core:EngineConfig",
+    "engine/vllm": "jaxrl_async.engines.vllm.engine:VllmEngineConfig",
+    "cluster/local": "jaxrl_async.cluster.config:ProcessConfig",
+    "cluster/ray": "jaxrl_async.cluster.ray:RayClusterConfig",
+    "cluster/slurm": "jaxrl_async.cluster.config:ProcessConfig",
+    "task/arithmetic": "jaxrl_async.tasks.arithmetic:ArithmeticConfig",
+    "task/custom": "jaxrl_async.tasks.custom:CustomConfig",
+    "task/gsm8k": "jaxrl_async.tasks.gsm8k:GSM8KConfig",
+    "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
+    "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
+}
+MODEL_SPEC = "jaxrl_async.models.loading:ModelSpec"  # conf/model/*.yaml: no defaults node
+
+
+def help_spec(prog: str, summary: str):
+    """What `--help` reads for a command on conf/ (train, generate, eval): planner/tools/help.py."""
+    from planner.registry import policy_class
+    from planner.tools.help import HelpSpec
+
+    return HelpSpec(prog, summary, HELP_NODES,
+                    {"policy": lambda name: policy_class(name).Params, "model": lambda name: MODEL_SPEC},
+                    extra_groups=("experiment",))

@@ -1,0 +1,130 @@
+"""`python -m jaxrl_async.train [overrides]`: one async RL run (docs/design.md §5, §8).
+
+Hydra composes `conf/train.yaml` (groups: model, task, policy, engine, trainer, cluster; the
+top-level keys are `RunConfig`'s). The generation engine is `engine=jax` (in-process) or
+`engine=vllm` (vLLM's own processes); `cluster=ray` puts that engine into Ray actors behind one
+`RayEngineProxy` whose lost requests go to the planner's fault path; `cluster.distributed` (any
+mode) joins a multi-host JAX job before the first JAX use, and `trainer.mesh` / `engine.replicas`,
+`engine.tensor_parallel`, `engine.colocate` place the trainer and the engines on devices
+(cluster/placement.py; docs/scale_out.md). This module composes, types, runs and sets the exit
+status; the run itself is jaxrl_async/job/: `typed_config` (setup.py) turns the composed config
+into typed, validated objects once, before Hydra makes the run directory (planner/tools/entry.py)
+— a bad value or an unknown key is a one-line error naming it and exit status 1 — and `TrainJob` (lifecycle.py) builds the components
+(build.py), runs the `Controller`, and ends the run (report.py):
+
+    run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
+    run_dir/metrics.jsonl    one record per step;  run_dir/tb/ the same in TensorBoard
+    run_dir/trace.jsonl      the timing trace: groups, steps, pushes, engine iterations
+                             (planner/tools/run_trace.py; `python -m planner.calibrate` fits it)
+    run_dir/summary.json     docs/design.md §8 keys (+ extensions, + the audit's verdict)
+    run_dir/checkpoints/     orbax (after step 1, every `checkpoint_every` steps, on SIGTERM or
+                             SIGINT, at the end)
+    run_dir/hf/              the final policy as HF safetensors (export_hf)
+    run_dir/run.lock         held by the run that owns the directory (jaxrl_async/run_dir.py)
+
+In a job of several processes only process 0 writes these; the others follow it in lockstep.
+
+and prints the audit's verdict: max staleness vs η, drops, lost and twice-trained groups. Exit
+status: 0 when the run finished and the audit passed (or the run stopped on SIGTERM / SIGINT with
+a checkpoint), 1 otherwise. `resume=true` (with `hydra.run.dir=DIR`) or `resume=DIR` continues the
+run in DIR from its newest checkpoint: same ledger, same metrics, the step count continues; a run
+that never saved one starts afresh, its files set aside; `resume=DIR` where DIR holds no run is an
+error, `resume=true` on a directory without one starts a fresh run there (job/resume.py). What
+survives a kill, what a resume checks: docs/fault_tolerance.md.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable
+
+from omegaconf import DictConfig
+
+from jaxrl_async.cli.help import CONF_DIR, help_spec
+from planner.tools.entry import Command, hydra_main
+
+# The job's modules import JAX: they are imported where the run starts, so that `--help` (answered
+# by `hydra_main` before anything runs) stays free of it (tests/jaxrl_async/cli/test_train.py).
+
+
+def _main(cfg: DictConfig) -> None:
+    for name in ("absl", "jax._src.xla_bridge"):  # orbax logs every save, JAX its backend probes
+        logging.getLogger(name).setLevel(logging.WARNING)
+    from hydra.core.hydra_config import HydraConfig
+
+    from jaxrl_async.checkpoint import CheckpointWriteError
+    from jaxrl_async.job.lifecycle import TrainJob
+    from jaxrl_async.job.report import final_report
+    from jaxrl_async.job.resume import run_dir_for
+    from jaxrl_async.job.setup import typed_config
+
+    started = time.monotonic()
+    try:
+        setup = typed_config(cfg)
+        job = TrainJob(setup, run_dir_for(setup, HydraConfig.get().runtime.output_dir))
+        # Engines start inside the run: an unreachable Ray cluster or unplaceable workers fail here.
+        out = job.run()
+    except CheckpointWriteError as e:
+        # The run's files are closed; what orbax left of the failed save may still wait on its
+        # own threads (docs/fault_tolerance.md), so the process ends here without joining them.
+        print(f"error: {e}", file=sys.stderr)
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    except (ValueError, ConnectionError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except OSError as e:  # a disk that fails outside a checkpoint (the ledger, metrics): names the file
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(1)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop (start-up, export, audit)
+        print("error: interrupted outside the training loop; the newest checkpoint in the run dir, if any, "
+              "is the resume point", file=sys.stderr)
+        sys.exit(130)
+    if out is None:  # a follower process: process 0 reports the run
+        return
+    print(final_report(out, job.run_dir / "metrics.jsonl"))
+    print(f"wall time {time.monotonic() - started:.0f}s")
+    if out.get("completed") and not out["audit_ok"]:
+        sys.exit(1)
+
+
+def main(before_run: Callable[[], None] | None = None) -> None:
+    """`before_run`: called once the command line is no `--help` (the compilation cache)."""
+    # register: the dataclass defaults every conf/ file starts from; typed: bad input fails before Hydra's run dir
+    command = Command(CONF_DIR, "train", help_spec("python -m jaxrl_async.train", "one async RL run (docs/design.md §5, §8)"),
+                      _register_config_nodes, _typed)
+    hydra_main(command, _main, before_run=before_run)
+
+
+def _register_config_nodes() -> None:
+    from jaxrl_async.cli.config_nodes import register_config_nodes
+
+    register_config_nodes()
+
+
+def _typed(cfg: DictConfig, _overrides: list[str]):
+    from jaxrl_async.job.setup import typed_config
+
+    return typed_config(cfg)
+
+
+def _compilation_cache() -> None:
+    from jaxrl_async.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()
+
+
+def run() -> None:
+    """`python -m` entry (this module's and the jaxrl_async/train.py shim's): the on-disk
+    compilation cache (after the `--help` check), then `main`. Library code and tests call `main`
+    and never turn it on."""
+    main(before_run=_compilation_cache)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,115 @@
+"""What a run says about itself: summary.json (with the audit's verdict and the placement), the
+timing trace's `run` line, the HF export of the final policy, and the report printed at the end.
+
+Every fact about the engine comes from its registry entry (`TrainSetup.engine_facts`) and every
+fact about where it runs from the cluster config (`engine_workers`), so a new backend or cluster
+mode reports itself without a change here.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_async.cluster.placement import Placement
+from jaxrl_async.job.setup import TrainSetup
+from jaxrl_async.models.hf_weights import save_hf
+from jaxrl_async.models.loading import LoadedModel
+from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
+from jaxrl_async.trainer.trainer import Trainer
+from jaxrl_async.trees import cast_floats
+from planner.tools.audit import audit, audited_bound
+
+
+def trace_meta(setup: TrainSetup, placement: Placement | None = None) -> dict[str, Any]:
+    """The timing trace's `run` line (planner/tools/run_trace.py): the planner's context and what the
+    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode, and
+    whether it shares the trainer's devices (`colocated`: an engine the trainer's process places
+    with `engine.colocate=true`; other engines place themselves and time no iterations)."""
+    run, facts = setup.run, setup.engine_facts
+    colocated = (placement is not None and placement.colocate and facts.colocate and not facts.places_itself
+                 and setup.engine_in_process)
+    return {"policy": setup.policy_name, "max_staleness": run.max_staleness, "batch_groups": run.batch_groups,
+            "group_size": run.group_size, "admission_window": run.window, "max_new_tokens": run.max_new_tokens,
+            "engine": setup.engine_name,
+            "workers": setup.engine_workers, "slots": facts.slots, "kv_tokens": facts.kv_tokens,
+            "sync_mode": facts.sync_mode, "colocated": bool(colocated)}
+
+
+def placement_summary(setup: TrainSetup, placement: Placement) -> dict[str, Any]:
+    """summary.json's `placement`: counted from the meshes the run built; an engine in a cluster's
+    workers or one that places itself has its entry name the backend and its replicas."""
+    out = placement.summary()
+    facts = setup.engine_facts
+    if not setup.engine_in_process:
+        out["engine"] = {"backend": f"{setup.cluster.name}/{setup.engine_name}", "replicas": setup.engine_workers}
+    elif facts.places_itself:
+        out["engine"] = {"backend": setup.engine_name, "replicas": facts.replicas,
+                         "tensor_parallel": facts.tensor_parallel}
+    else:
+        out["engine"]["backend"] = setup.engine_name
+    return out
+
+
+def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path) -> Path:
+    """The trainer's final policy as HF safetensors in `run_dir/hf/`, in the model's dtype."""
+    # Host arrays: gathered from every process when the trainer's mesh spans them.
+    params = jax.tree.map(jnp.asarray, cast_floats(trainer.host_params(), loaded.cfg.dtype))
+    model = nnx.merge(trainer.graphdef, params)
+    return save_hf(model, loaded.cfg, run_dir / "hf", loaded.tokenizer)
+
+
+def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir: Path,
+                  extra: dict[str, Any]) -> dict[str, Any]:
+    """summary.json for the controller's `result` (its `RunResult`): docs/design.md §8.1's keys,
+    `extra`, and — when the run finished — the audit's verdict over the run's files."""
+    run = setup.run
+    extra = {"completed": result.completed, "run_dir": str(run_dir), **extra}
+    if result.completed:
+        report = audit(run_dir, audited_bound(run.max_staleness, bound))
+        extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
+                     groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
+    out = summary(result.stats, policy=setup.policy_name, max_staleness=run.max_staleness, staleness_bound=bound,
+                  elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,
+                  generator_busy_s=result.generator_busy_s, record_s=record_times(run_dir / METRICS_FILE),
+                  extra=extra)
+    write_json(run_dir / SUMMARY_FILE, out)
+    return out
+
+
+def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
+    """The short report printed at the end of a run."""
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    rewards = [r["reward_mean"] for r in records]
+    head, tail = rewards[:3], rewards[-3:]
+    lines = [
+        f"run dir: {out['run_dir']}",
+        f"policy {out['policy']}, η={out['max_staleness']}: {out['steps']} steps in {out['elapsed_s']:.0f}s "
+        f"({out['steps_per_hour']:.0f} steps/h), {out['steps_skipped']} skipped",
+    ]
+    if rewards:
+        lines.append(f"reward: {sum(head) / len(head):.3f} (first {len(head)} steps) -> "
+                     f"{sum(tail) / len(tail):.3f} (last {len(tail)})")
+    # The held-out figures (eval.every): the first evaluation (the base model) and the last.
+    evals = [(r["eval/version"], r["eval/pass_at_1"]) for r in records if r.get("eval/pass_at_1") is not None]
+    if evals:
+        (v0, p0), (v, p) = evals[0], evals[-1]
+        lines.append(f"eval/pass_at_1 (held out): {p0:.3f} (weights v{v0}) -> {p:.3f} (v{v})")
+    lines += [
+        f"busy: generator {100 * out['generator_busy_fraction']:.0f}%, trainer {100 * out['trainer_busy_fraction']:.0f}%;"
+        f" groups: {out['groups_admitted']} admitted, {out['groups_trained']} trained, {out['groups_dropped']} dropped"
+        f" ({out['tokens_wasted']} tokens wasted); reward errors: {out['reward_errors']}",
+        f"token staleness: max {out['max_token_staleness']}, mean {out['mean_token_staleness']:.2f}, "
+        f"histogram {out['staleness_histogram']}",
+    ]
+    if out.get("completed"):
+        lines.append(out["audit_verdict"])
+    else:
+        lines.append(f"stopped at step {out['steps']}: resume with resume={out['run_dir']}")
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""`TrainSetup`: a training run's whole configuration, typed and validated once (`typed_config`).
+
+Hydra composes `conf/train.yaml` (groups: model, task, policy, engine, trainer, cluster; the top
+level keys are `RunConfig`'s); `typed_config` turns the composed tree into typed, frozen records,
+and every problem is a one-line ValueError naming the dotted key the user typed. Choosing
+`engine=NAME` chooses the backend's config class (each carries its `name`), and what the run
+needs of a backend or of a cluster mode is what their registries state (engines/registry.py
+`EngineFacts`, cluster/config.py `ClusterConfig`): nothing here branches on either name.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from jaxrl_async.cluster.config import CLUSTER_MODES, ClusterConfig, cluster_config
+from jaxrl_async.engines.registry import AnyEngineConfig, EngineEntry, EngineFacts, engine_config, entry_of
+from jaxrl_async.models.loading import ModelSpec
+from jaxrl_async.runtime.config import RunConfig
+from jaxrl_async.trainer.config import TrainerConfig
+from planner.configs import build
+from planner.registry import given_params, make_policy
+from planner.types import PlanContext
+
+GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
+
+
+@dataclass(frozen=True)
+class TrainSetup:
+    """Everything a run needs, typed and validated; built once by `typed_config`."""
+
+    run: RunConfig  # the top-level keys
+    model: ModelSpec  # model.source (a registered name, a HF directory or a .gguf file), model.dtype
+    task: dict[str, Any]  # the `task=` group as composed (checked by `tasks.build_task`)
+    policy_name: str  # a name in planner/registry.py
+    policy_overrides: dict[str, Any]  # the native parameters given (planner.registry.given_params)
+    engine: AnyEngineConfig  # the chosen backend's config (its class carries `engine.name`)
+    trainer: TrainerConfig
+    cluster: ClusterConfig
+
+    @property
+    def engine_name(self) -> str:
+        return self.engine.name
+
+    @property
+    def engine_entry(self) -> EngineEntry:
+        return entry_of(self.engine)
+
+    @property
+    def engine_facts(self) -> EngineFacts:
+        return self.engine_entry.facts(self.engine)
+
+    @property
+    def engine_in_process(self) -> bool:
+        """The trainer's process builds (and, unless it places itself, places) the engine;
+        False: the cluster's workers run it."""
+        return self.cluster.engine_workers is None
+
+    @property
+    def engine_workers(self) -> int:
+        """Engines the run feeds: the cluster's workers, or the replicas built in-process."""
+        workers = self.cluster.engine_workers
+        return self.engine_facts.replicas if workers is None else workers
+
+
+def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
+    """The composed config -> `TrainSetup`; every problem is a one-line ValueError."""
+    plain = OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else dict(cfg)
+    plain.pop("hydra", None)
+    missing = [g for g in GROUPS if not isinstance(plain.get(g), dict)]
+    if missing:
+        raise ValueError(f"{missing[0]}: config group missing (choose one with {missing[0]}=NAME)")
+    groups = {g: dict(plain.pop(g)) for g in GROUPS}
+    run = build(RunConfig, plain, "")
+    cluster = cluster_config(groups["cluster"])
+    model = build(ModelSpec, groups["model"], "model")
+    policy = groups["policy"]
+    name = policy.pop("name", None)
+    if not isinstance(name, str):
+        raise ValueError(f"policy.name={name!r}: every conf/policy/*.yaml names its policy")
+    overrides = given_params(policy)  # ??? in conf/policy: not given (the default); null is a value
+    # Built once here so that an unknown policy or a bad native parameter fails at start-up.
+    make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps), overrides)
+    engine_values = groups["engine"]
+    engine = engine_config(engine_values.pop("name", "jax"), engine_values)
+    entry, facts = entry_of(engine), entry_of(engine).facts(engine)
+    if entry.package is not None:
+        _require_package(entry.package, f"engine={engine.name}", entry.install)
+    mode = CLUSTER_MODES[cluster.name]
+    if mode.package is not None:
+        _require_package(mode.package, f"cluster={cluster.name}", mode.install)
+    if cluster.engine_workers is not None and facts.replicas != 1:
+        raise ValueError(f"engine.replicas={facts.replicas}: with cluster={cluster.name} every worker is one "
+                         "replica; set cluster.num_workers instead")
+    if facts.slots < run.group_size:
+        raise ValueError(f"engine.{facts.slots_key}={facts.slots}: must be >= group_size={run.group_size} "
+                         "(a group's samples are decoded together)")
+    trainer = build(TrainerConfig, groups["trainer"], "trainer")
+    return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer, cluster)
+
+
+def _require_package(module: str, what: str, fix: str) -> None:
+    """A missing optional backend is a one-line error at start-up, not an ImportError mid-run."""
+    if importlib.util.find_spec(module) is None:
+        raise ValueError(f"{what}: the {module!r} package is not installed in {sys.executable} ({fix})")
