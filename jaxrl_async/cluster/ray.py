@@ -145,7 +145,10 @@ def connect(cfg: RayClusterConfig) -> None:
 
     if not ray.is_initialized():
         _check_reachable(cfg.address)
-        error = _init_within(cfg)
+        if cfg.address == "local":
+            error = _init_within(cfg, lambda: ray.init(include_dashboard=False, log_to_driver=False))
+        else:
+            error = _init_within(cfg, lambda: ray.init(address=cfg.address, log_to_driver=False))
         if error is not None:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ConnectionError(f"cluster.address={cfg.address!r}: cannot reach a Ray cluster ({first}); "
@@ -157,27 +160,21 @@ def connect(cfg: RayClusterConfig) -> None:
                          f"needs {need:g} GPUs; the Ray cluster has {have:g}")
 
 
-def _init_within(cfg: RayClusterConfig) -> BaseException | None:
-    """`ray.init` with a deadline, `cluster.init_timeout_s`: in a daemon thread, since Ray's own
-    retries have none (a head started on 127.0.0.1 answers the TCP probe, then `ray.init` retries
-    the host's interface address for ever). Returns the connection error `ray.init` raised, if any."""
-    import ray
-
+def _init_within(cfg: RayClusterConfig, init: Callable[[], None]) -> BaseException | None:
+    """`init()` (`ray.init`) with a deadline, `cluster.init_timeout_s`: in a daemon thread, since
+    Ray's own retries have none (a head started on 127.0.0.1 answers the TCP probe, then `ray.init`
+    retries the host's interface address for ever). Returns the connection error it raised, if any;
+    past the deadline, a one-line ConnectionError naming the fixes."""
     outcome: list[BaseException | None] = []
 
-    def init() -> None:
+    def run() -> None:
         try:
-            if cfg.address == "local":
-                ray.init(include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=cfg.address, log_to_driver=False)
+            init()
             outcome.append(None)
-        except (ConnectionError, RuntimeError, ValueError) as error:
-            outcome.append(error)
-        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+        except BaseException as error:  # noqa: BLE001 - sorted and re-raised in the caller's thread
             outcome.append(error)
 
-    thread = threading.Thread(target=init, name="ray-init", daemon=True)
+    thread = threading.Thread(target=run, name="ray-init", daemon=True)
     thread.start()
     thread.join(cfg.init_timeout_s)
     if not outcome:

@@ -175,3 +175,27 @@ def test_a_submit_to_a_worker_that_just_stopped_returns_at_once_and_the_request_
     submit_s, lost = asyncio.run(scenario())
     assert submit_s < 0.1, submit_s  # the caller (the controller's lock) never waits on a worker
     assert lost == [["x"]]
+
+
+def test_a_ray_init_that_never_returns_is_a_one_line_error_naming_the_fix_at_its_deadline():
+    from jaxrl_async.cluster.ray import _init_within
+
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError) as err:
+        _init_within(RayClusterConfig(address="127.0.0.1:6379", init_timeout_s=0.3), lambda: time.sleep(30))
+    assert time.monotonic() - t0 < 2
+    message = str(err.value)
+    assert "\n" not in message and "cluster.init_timeout_s=0.3 s" in message
+    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in message and "--node-ip-address" in message
+
+
+def test_a_ray_init_that_fails_or_succeeds_in_time_is_reported_as_it_happened():
+    from jaxrl_async.cluster.ray import _init_within
+
+    cfg = RayClusterConfig(address="127.0.0.1:6379", init_timeout_s=5)
+    assert _init_within(cfg, lambda: None) is None
+
+    def refuse():
+        raise ConnectionError("no head")
+
+    assert str(_init_within(cfg, refuse)) == "no head"
