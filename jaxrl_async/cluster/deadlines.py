@@ -14,8 +14,8 @@ wrong early verdict kills a healthy worker. `override_s` (`cluster.rpc_timeout_s
 rule with one fixed deadline for every kind, as before.
 
 `late_s(kind)`: a softer bound, `clamp(3 x p99, late_floor_s, timeout)`, after which a worker
-is only *suspect*: the proxy stops routing new requests to it and stops waiting for its weight
-push, but does not kill it (a stall that ends before `timeout` costs nothing).
+is only *suspect*: the proxy routes new requests to the other workers while there are any, but
+does not kill it (a stall that ends before `timeout` costs nothing).
 
 Pure Python and clock-free: callers pass the seconds they measured, so tests drive it directly.
 """

@@ -16,12 +16,19 @@
   re-admission keeps the staleness bound (docs/design.md §2). With `restart_lost` a replacement worker is
   started (and given the newest weights) in the freed bundle. Without `on_lost` the loss is a
   one-line error on the output stream: silently dropping groups would break no-drop.
-- **Liveness**: every call to a worker (`poll`, `submit`, `abort`, `update_weights`, `stats`,
-  `stop`) has a deadline, `rpc_timeout_s` (a poll: its own wait plus that). A worker that does not
-  answer in time — a hung or SIGSTOPped process, which Ray still reports alive — is treated as
-  dead: it is `ray.kill`ed, its requests go to `on_lost` and a replacement takes its bundle, as
-  above, with one warning line. The poll, every `poll_s`, is the heartbeat: a stopped worker is
-  found within `poll_s + rpc_timeout_s` even when the runtime sends it nothing.
+- **Liveness, per worker**: every call to a worker (`poll`, `submit`, `abort`, `update_weights`,
+  `stop`) has its own deadline (cluster/deadlines.py: clamp(20 x p99 of that kind's observed
+  answer times, `rpc_timeout_floor_s`, `rpc_timeout_ceiling_s`), or the fixed `rpc_timeout_s`;
+  a poll: its own wait plus that), and no call waits on all workers together, so one stopped
+  worker never holds up the others: `stats()` reads what each worker's latest poll brought,
+  `submit` / `abort` return once sent (a task awaits the answer), and `update_weights` waits for
+  a worker that does not answer only 3x the first answer time (at least 1 s); a worker still
+  behind gets no new request until it holds the new weights (the start barrier). A worker that
+  misses its deadline — a hung or SIGSTOPped process, which Ray still reports alive — is treated
+  as dead: it is `ray.kill`ed, its requests go to `on_lost` and a replacement takes its bundle,
+  as above, with one warning line. The poll, every `poll_s`, is the heartbeat: a stopped worker
+  is found within `poll_s` plus its poll deadline (~10 s) even when the runtime sends it nothing.
+- `connect` runs `ray.init` under a deadline (`init_timeout_s`): Ray's own retries have none.
 
 Left out: autoscaling, and moving in-flight prefixes between workers (lost requests restart).
 """

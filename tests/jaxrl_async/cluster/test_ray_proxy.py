@@ -138,7 +138,7 @@ def test_a_refused_submit_ends_the_output_stream_with_the_workers_one_line_error
 
             async def refuse(request):
                 raise ValueError(f"request {request.request_id!r}: prompt of 70 tokens + max_new_tokens=24 = 94 "
-                                 "exceeds the context max_len=64")
+                                 "exceeds engine.max_len=64")
 
             actor.do_submit = refuse
             return actor
@@ -152,7 +152,7 @@ def test_a_refused_submit_ends_the_output_stream_with_the_workers_one_line_error
         finally:
             await proxy.stop()
 
-    with pytest.raises(ValueError, match=r"^request 'long': prompt of 70 tokens .* max_len=64$"):
+    with pytest.raises(ValueError, match=r"^request 'long': prompt of 70 tokens .* engine.max_len=64$"):
         asyncio.run(scenario())
 
 
