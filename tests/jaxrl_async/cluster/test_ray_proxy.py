@@ -55,6 +55,7 @@ def test_a_stopped_worker_is_lost_at_its_own_deadline_while_the_healthy_ones_res
         stuck.live.add("held")  # a request it holds when it stops (its answer never comes)
         stuck.actor.freeze()
         t_stop = time.monotonic()
+        deadline_s = proxy.deadlines.timeout_s("poll")  # learned from the answers so far
         i = 0
         while stuck.alive and time.monotonic() - t_stop < 10:
             await proxy.submit(_request(f"r{i}"))  # never waits on the stopped worker
@@ -65,10 +66,11 @@ def test_a_stopped_worker_is_lost_at_its_own_deadline_while_the_healthy_ones_res
         killed = (stuck.actor.killed, healthy.actor.killed)
         await proxy.stop()
         reader.cancel()
-        return found_s, during, lost, killed, actors
+        return found_s, deadline_s, during, lost, killed, actors
 
-    found_s, during, lost, killed, actors = asyncio.run(scenario())
-    assert FLOOR_S * 0.9 < found_s < FLOOR_S + 2, found_s  # its own deadline: the floor, plus a poll
+    found_s, deadline_s, during, lost, killed, actors = asyncio.run(scenario())
+    assert FLOOR_S <= deadline_s < 5  # learned (20 x p99, at least the floor), not the 5 s ceiling
+    assert FLOOR_S * 0.9 < found_s < POLL_S + deadline_s + 1, (found_s, deadline_s)  # its own deadline
     assert len(during) >= 10, during  # the healthy worker served throughout the stall
     assert any("held" in c for c in lost)  # its requests went to the fault path
     assert killed == (True, False)
@@ -101,7 +103,7 @@ def test_stats_and_a_weight_push_do_not_wait_for_a_stopped_worker():
     # The push waited for the healthy worker, and for the stopped one 3x the healthy answer time
     # (at least 1 s), not its deadline (4 s); the stopped one is still alive then, only behind.
     assert healthy.actor.version == 2 and stuck.actor.version == 1
-    assert 1.0 <= push_s < 1.5 and stuck_alive_after_push, push_s
+    assert 1.0 <= push_s < 2 and stuck_alive_after_push, push_s
     assert routed == healthy.index  # a worker behind on weights gets no new request
 
 
