@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Mutation testing of the planner's core and the controller's fault/resume path (issue 11 item 3).
 #
-#   benchmarks/mutation.sh [MODULE ...]      MODULE: feasibility lookahead ledger audit controller outbox
-#                                           (default: all six; results in benchmarks/results/mutation.md)
+#   benchmarks/mutation.sh [MODULE ...]      MODULE: feasibility lookahead ledger audit controller outbox groups
+#                                           (default: all seven; results in benchmarks/results/mutation.md)
 #
 # Not run in CI: a module takes minutes to tens of minutes (each mutant reruns the tests that
 # reach its function). Needs mutmut 3.x: pip install -e '.[mutation]'.
@@ -50,12 +50,16 @@ TESTS[controller]='tests/jaxrl_async/runtime/test_controller_fault_path.py'
 FILE[outbox]=jaxrl_async/runtime/outbox.py
 GLOBS[outbox]='jaxrl_async.runtime.outbox.*'
 TESTS[outbox]='tests/jaxrl_async/runtime/test_outbox.py tests/jaxrl_async/runtime/test_controller_fault_path.py'
+# The window and the live groups (the controller's former held/_refill_window/restore loop) live in groups.py.
+FILE[groups]=jaxrl_async/runtime/groups.py
+GLOBS[groups]='jaxrl_async.runtime.groups.*'
+TESTS[groups]='tests/jaxrl_async/runtime/test_groups.py tests/jaxrl_async/runtime/test_controller_fault_path.py'
 
 toml_list() { local out="" x; for x in "$@"; do out+="\"$x\", "; done; echo "[${out%, }]"; }
 
 run_module() {
     local m=$1 dir="$WORK/$1"
-    [ -n "${FILE[$m]:-}" ] || { echo "error: unknown module '$m' (feasibility lookahead ledger audit controller outbox)" >&2; exit 2; }
+    [ -n "${FILE[$m]:-}" ] || { echo "error: unknown module '$m' (feasibility lookahead ledger audit controller outbox groups)" >&2; exit 2; }
     # A fresh copy of the tree; MUTATION_KEEP=1 keeps mutants/ and mutmut's results (only for
     # reruns after a product change: mutmut does not rerun a mutant because a test changed).
     if [ "${MUTATION_KEEP:-0}" != 1 ]; then rm -rf "$dir"; fi
@@ -80,5 +84,5 @@ EOF
 }
 
 modules=("$@")
-[ ${#modules[@]} -gt 0 ] || modules=(feasibility lookahead ledger audit controller outbox)
+[ ${#modules[@]} -gt 0 ] || modules=(feasibility lookahead ledger audit controller outbox groups)
 for m in "${modules[@]}"; do run_module "$m"; done

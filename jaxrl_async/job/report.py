@@ -83,6 +83,12 @@ def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir:
     return out
 
 
+def _steady(out: Mapping[str, Any]) -> str:
+    """The steady-state rate beside the whole-run one: the whole run includes the compile."""
+    steady = out.get("steps_per_hour_steady")
+    return f"; steady state {steady:.0f}, without the compile" if steady else ""
+
+
 def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
     """The short report printed at the end of a run."""
     records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
@@ -91,7 +97,7 @@ def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
     lines = [
         f"run dir: {out['run_dir']}",
         f"policy {out['policy']}, η={out['max_staleness']}: {out['steps']} steps in {out['elapsed_s']:.0f}s "
-        f"({out['steps_per_hour']:.0f} steps/h), {out['steps_skipped']} skipped",
+        f"({out['steps_per_hour']:.0f} steps/h{_steady(out)}), {out['steps_skipped']} skipped",
     ]
     if rewards:
         lines.append(f"reward: {sum(head) / len(head):.3f} (first {len(head)} steps) -> "

@@ -2,16 +2,22 @@
 
 - `controller`: the local-mode event loop (asyncio for control, threads for device work); it keeps
   the order of calls, its side jobs live in:
-  - `outbox`: typed engine commands sent after a decision is applied, and the start barriers;
+  - `outbox`: typed engine commands sent after a decision is applied, and the start barriers (a
+    group never starts on weights older than its `Admission.version`);
   - `tracing`: the timing trace (trace.jsonl) and the engine's timings;
-  - `liveness`: stall detection and its watchdog task;
+  - `liveness`: stall detection (`rollout.stall_timeout_s`) and its watchdog task, which sends
+    stalled groups through the fault path and ends a hung engine's run;
   - `evaluation`: held-out evaluation on the engine (when, the requests, the figures);
-  - `supervisor`: the run's asyncio tasks, whose first failure ends the run.
+  - `supervisor`: the run's asyncio tasks, whose first failure ends the run;
+  - `groups`: the candidate window and the live groups, in the planner's `GroupState` (being scored
+    is RUNNING's last part), and their part of a checkpoint;
+  - `clock`: run seconds and the trainer's and engine's busy seconds, across resumed segments.
 - `rollouts`: streamed engine pieces -> groups (start version, tokens by version, done).
 - `scoring`: a done group's rewards through the task's never-raising reward runner.
 - `batching`: scored groups -> the trainer's padded `TrainBatch`; staleness of a batch.
 - `metrics`: run totals, the per-step record and its sinks (metrics.jsonl, TensorBoard), summary.json.
-- `progress`: the live display (rich on a terminal, plain lines otherwise) and the ETA.
+- `progress`: the live display (rich on a terminal, plain lines otherwise) and the ETA (which
+  leaves the first step's compile out).
 - `state`: `ControllerSnapshot` (what `Controller.snapshot` / `restore` exchange) and its JSON in a
   checkpoint (the arrays are `jaxrl_async.checkpoint`'s).
 - `config`: `RunConfig`, the typed top level of conf/train.yaml.

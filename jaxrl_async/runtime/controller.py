@@ -30,16 +30,8 @@ path, `on_group_lost(prefix_kept=False)`: its collected pieces are discarded and
 re-admission (a new request id, with its start barrier `Admission.version`) is submitted, so the
 group is regenerated from scratch, the bound holds and nothing is dropped.
 
-The side jobs have modules of their own; this one keeps the order of calls:
-
-- runtime/outbox.py: the engine calls a decision causes, sent after it is applied, and the start
-  barriers (a group never starts on weights older than its `Admission.version`).
-- runtime/tracing.py: the timing trace (`trace.jsonl`) and the engine's timings.
-- runtime/liveness.py: stall detection (`rollout.stall_timeout_s`) and its watchdog task, which
-  sends stalled groups through the same fault path and ends a hung engine's run.
-- runtime/evaluation.py: held-out evaluation (`eval.every`): when, and the figures.
-- runtime/progress.py: the ETA (which leaves the first step's compile out).
-- runtime/supervisor.py: the run's asyncio tasks, whose first failure ends the run.
+The side jobs have modules of their own (runtime/__init__.py lists them); this one keeps the
+order of calls. Its groups are runtime/groups.py's table, in the planner's `GroupState`.
 
 Stopping: `request_stop()` (SIGTERM, SIGINT) lets a running step finish, saves a checkpoint and ends the
 run without `policy.finish`; groups still generating are re-admitted on resume through the
@@ -50,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import dataclasses
 import time
 import zlib
 from concurrent.futures import ThreadPoolExecutor
@@ -59,17 +50,19 @@ from pathlib import Path
 from typing import Any
 
 from jaxrl_async.checkpoint import Checkpointer
-from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SamplingParams
+from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams
 from jaxrl_async.runtime.batching import batch_staleness, make_train_batch
+from jaxrl_async.runtime.clock import RunClock
 from jaxrl_async.runtime.config import RunConfig
 from jaxrl_async.runtime.evaluation import EngineEval, EvalScheduler, is_eval_request
+from jaxrl_async.runtime.groups import GroupTable, LiveGroup
 from jaxrl_async.runtime.liveness import StallWatch, watch_stalls
 from jaxrl_async.runtime.metrics import METRICS_FILE, EngineLoad, MetricsSink, RunStats, StepTiming, step_record
 from jaxrl_async.runtime.outbox import EngineOutbox
 from jaxrl_async.runtime.progress import Eta
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
 from jaxrl_async.runtime.scoring import RewardErrorLog, score_group
-from jaxrl_async.runtime.state import ControllerSnapshot, SavedGroup, from_json, to_json
+from jaxrl_async.runtime.state import ControllerSnapshot, from_json, to_json
 from jaxrl_async.runtime.supervisor import TaskSupervisor
 from jaxrl_async.runtime.tracing import RunTracer
 from jaxrl_async.tasks.base import Prompt, Task
@@ -78,18 +71,7 @@ from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import apply_decision
 from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.tools.run_trace import TRACE_FILE, TraceWriter
-from planner.types import Admission, Candidate, Decision, Drop, GroupState, Move
-
-GENERATING, SCORING, DONE = "generating", "scoring", "done"
-
-
-@dataclass
-class LiveGroup:
-    """An admitted, untrained group: its prompt and its current attempt's samples."""
-
-    prompt: Prompt
-    rollout: GroupRollout
-    phase: str = GENERATING
+from planner.types import Admission, Decision, Drop, GroupState, Move
 
 
 @dataclass(frozen=True)
@@ -100,12 +82,6 @@ class RunResult:
     elapsed_s: float
     trainer_busy_s: float
     generator_busy_s: float
-
-
-def _load(stats: EngineStats) -> EngineLoad:
-    """Active sequences per replica (one entry for a single engine) and slots in use."""
-    return EngineLoad(list(stats.extra.get("per_replica_active", [stats.active_slots])),
-                      stats.active_slots / max(1, stats.total_slots))
 
 
 def sampling_seed(seed: int, uid: int, attempt: int) -> int:
@@ -139,11 +115,7 @@ class Controller:
         self._watch = StallWatch(cfg.rollout)
         # Engine calls of the decision being applied, and requests held at their start barrier.
         self._outbox = EngineOutbox(engine, on_submitted=lambda rid: self._watch.submitted(rid, self.now()))
-        self.next_uid = 0
-        self.window: list[tuple[Candidate, Prompt]] = []  # stream order
-        self.groups: dict[int, LiveGroup] = {}
-        self._lost_on_resume: list[int] = []
-        self._lost: set[int] = set()  # reported to on_group_lost, not re-admitted or dropped yet
+        self.table = GroupTable(cfg.window)  # the candidates and the admitted, untrained groups
         self._collector = RolloutCollector()
         self.lock = asyncio.Lock()  # every policy call and its decision run under it
         self._training = False  # a step is training or publishing
@@ -152,10 +124,7 @@ class Controller:
         self._tasks: TaskSupervisor | None = None  # the run's tasks (runtime/supervisor.py), from `run` on
         # Train steps get a thread of their own: slow user reward functions fill the default pool.
         self._train_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train-step")
-        self._t0 = 0.0
-        self._engine_t0 = 0.0
-        self._busy_at_start = (0.0, 0.0)  # (trainer, generator) busy seconds of earlier segments
-        self._trainer_busy_s = 0.0  # this segment
+        self._clock = RunClock()
         self._last_record = (0.0, 0)  # (now, tokens generated) at the previous step record
         self._step_wait_since = 0.0
         self._eta = Eta(cfg.steps)
@@ -183,14 +152,10 @@ class Controller:
 
     def now(self) -> float:
         """Seconds since the run began, earlier segments of a resumed run included."""
-        return self._run_s(time.monotonic())
-
-    def _run_s(self, t: float) -> float:
-        """A monotonic time of this segment as run seconds."""
-        return self.stats.elapsed_s + (t - self._t0)
+        return self._clock.now()
 
     def _trace_engine(self) -> None:
-        self._tracer.engine(self.engine.timings(), self._run_s)
+        self._tracer.engine(self.engine.timings(), self._clock.run_s)
 
     def _flush_durable(self) -> None:
         """fsync the ledger and the trace (docs/fault_tolerance.md): at step ends and saves."""
@@ -210,12 +175,10 @@ class Controller:
         self._tasks.spawn(self._regenerate_lost, list(request_ids))
 
     async def run(self) -> RunResult:
-        self._t0 = time.monotonic()
+        self._clock.start(self.stats)
         self._tasks = TaskSupervisor()
-        self._busy_at_start = (self.stats.trainer_busy_s, self.stats.generator_busy_s)
         self._step_wait_since = self.now()
         self._last_record = (self.now(), self.stats.tokens_generated)
-        self._engine_t0 = time.monotonic()
         self._tracer.event("run", step=self.step, **self.trace_meta)
         await self.engine.start()
         try:
@@ -239,9 +202,9 @@ class Controller:
         """Regenerate the groups a restart interrupted, then the first admissions; then, before
         the first step, the base model's evaluation (behind those admissions, runtime/evaluation.py)."""
         async with self.lock:
-            for uid in self._lost_on_resume:
+            for uid in self.table.lost_on_resume:
                 self._regenerate(uid)
-            self._lost_on_resume = []
+            self.table.lost_on_resume = []
             await self.after_event()
             if self.step == 0 and self._evals.due(0):
                 await self._start_eval(self.version)
@@ -250,7 +213,7 @@ class Controller:
 
     async def _regenerate_lost(self, request_ids: list[str]) -> None:
         async with self.lock:
-            current = {g.rollout.request_id: uid for uid, g in self.groups.items() if g.phase == GENERATING}
+            current = {g.rollout.request_id: uid for uid, g in self.table.generating().items()}
             # Ids of attempts already superseded, dropped or done are stale: nothing to redo.
             for uid in [current[r] for r in request_ids if r in current and self._collector.is_open(r)]:
                 self._regenerate(uid)
@@ -259,11 +222,11 @@ class Controller:
     def _regenerate(self, uid: int) -> None:
         """The fault path for one generating group: discard its pieces, apply the policy's
         re-admission (or drop). A policy that does neither would lose the group: an error."""
-        self._collector.close(self.groups[uid].rollout)  # late pieces of this attempt are ignored from now on
-        self._lost.add(uid)
-        self._tracer.event("lost", uid=uid, attempt=self.groups[uid].rollout.attempt)
+        self._collector.close(self.table.groups[uid].rollout)  # late pieces of this attempt are ignored from now on
+        self.table.lose(uid)
+        self._tracer.event("lost", uid=uid, attempt=self.table.groups[uid].rollout.attempt)
         self._apply(self.policy.on_group_lost(uid=uid, prefix_kept=False, now=self.now()), "on_group_lost")
-        if uid in self._lost:
+        if self.table.is_lost(uid):
             raise RuntimeError(f"policy {self.policy.name}: on_group_lost(uid={uid}) neither re-admitted nor "
                                "dropped the group; it would be lost")
 
@@ -272,8 +235,7 @@ class Controller:
         return self._stop or self._tasks.done.is_set()
 
     def generating(self) -> list[tuple[int, str, bool]]:
-        return [(uid, g.rollout.request_id, g.rollout.started) for uid, g in self.groups.items()
-                if g.phase == GENERATING and uid not in self._lost]
+        return [(uid, g.rollout.request_id, g.rollout.started) for uid, g in self.table.generating().items()]
 
     async def save_if_idle(self) -> None:
         if not self._training:
@@ -295,16 +257,8 @@ class Controller:
                          self.stats.trainer_busy_s, self.stats.generator_busy_s)
 
     async def _stats_now(self) -> RunStats:
-        """`self.stats` with this segment's wall time and busy seconds added."""
-        stats = dataclasses.replace(self.stats)
-        stats.elapsed_s = self.now()
-        stats.trainer_busy_s = self._busy_at_start[0] + self._trainer_busy_s
-        stats.generator_busy_s = self._busy_at_start[1] + await self._engine_busy_s()
-        return stats
-
-    async def _engine_busy_s(self) -> float:
-        """Seconds the engine spent generating in this segment (its busy fraction since its start)."""
-        return (await self.engine.stats()).busy_fraction * (time.monotonic() - self._engine_t0)
+        """`self.stats` with the run's wall time and busy seconds up to now (runtime/clock.py)."""
+        return await self._clock.totals(self.stats, self.engine)
 
     # ================================================================== decisions
     def _apply(self, d: Decision, call: str) -> None:
@@ -318,32 +272,24 @@ class Controller:
 
     # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
     def held(self, uid: int) -> GroupState | None:
-        live = self.groups.get(uid)
-        if live is None:
-            return GroupState.CANDIDATE if any(c.uid == uid for c, _ in self.window) else None
-        if uid in self._lost:
-            return GroupState.LOST
-        return GroupState.DONE if live.phase == DONE else GroupState.RUNNING
+        return self.table.state(uid)
 
     def record_moves(self, moves: list[Move]) -> None:
         self.ledger.moves(moves)
 
     def admit_group(self, a: Admission) -> None:
-        live = self.groups.get(a.uid)
+        live = self.table.groups.get(a.uid)
         if live is None:  # a candidate
-            index = next(i for i, (c, _) in enumerate(self.window) if c.uid == a.uid)
-            _, prompt = self.window.pop(index)
-            attempt = 0
+            prompt, attempt = self.table.take_candidate(a.uid), 0
             self.stats.groups_admitted += 1
         else:  # a lost group, regenerated from scratch under a new request id
-            self._lost.discard(a.uid)
             self._collector.close(live.rollout)
             self._outbox.abort(live.rollout.request_id)
             prompt, attempt = live.prompt, live.rollout.attempt + 1
             self.stats.groups_readmitted += 1
         n = self.cfg.group_size
         rollout = self._collector.open(a.uid, prompt.prompt_id, prompt.prompt_ids, n, attempt)
-        self.groups[a.uid] = LiveGroup(prompt, rollout)
+        self.table.groups[a.uid] = LiveGroup(prompt, rollout)  # RUNNING (no longer LOST)
         self.ledger.admit(a)
         self._tracer.event("admit", uid=a.uid, attempt=attempt, prompt_id=prompt.prompt_id,
                            prompt_tokens=len(prompt.prompt_ids), version=a.version)
@@ -355,9 +301,8 @@ class Controller:
                             barrier=a.version)
 
     def drop_group(self, d: Drop) -> None:
-        live = self.groups.pop(d.uid)
-        self._lost.discard(d.uid)
-        if live.phase == GENERATING:
+        live = self.table.groups.pop(d.uid)
+        if live.state == GroupState.LOST or live.generating:  # its request may still be at the engine
             self._collector.close(live.rollout)
             self._outbox.abort(live.rollout.request_id)
         tokens = live.rollout.tokens
@@ -367,19 +312,13 @@ class Controller:
         self.stats.tokens_wasted += tokens
         self._ask = True
 
-    def _refill_window(self) -> None:
-        while len(self.window) < self.cfg.window:
-            prompt = next(self.stream)
-            self.window.append((_candidate(self.next_uid, prompt), prompt))
-            self.next_uid += 1
-
     async def _settle(self) -> None:
         """Admit and (while the trainer waits) select until the policy changes nothing more."""
         if self.ended():
             return
         while True:
-            self._refill_window()
-            d = self.policy.admit(now=self.now(), candidates=[c for c, _ in self.window])
+            self.table.refill(self.stream)
+            d = self.policy.admit(now=self.now(), candidates=self.table.candidates())
             self._apply(d, "admit")
             changed = bool(d.admit or d.drop)
             if not self._training and self._ask and self.step < self.cfg.steps:
@@ -393,11 +332,11 @@ class Controller:
         if not self._training and not self.groups_in_flight() and self.step < self.cfg.steps:
             raise RuntimeError(
                 f"policy {self.policy.name}: the trainer waits for step {self.step} but nothing is generating "
-                f"or being scored ({sum(g.phase == DONE for g in self.groups.values())} done groups, "
-                f"{len(self.window)} candidates refused): deadlock")
+                f"or being scored ({self.table.done()} done groups, "
+                f"{len(self.table.window)} candidates refused): deadlock")
 
     def groups_in_flight(self) -> int:
-        return sum(g.phase != DONE for g in self.groups.values())
+        return self.table.in_flight()
 
     # ================================================================== generation events
     async def _read_outputs(self) -> None:
@@ -424,8 +363,9 @@ class Controller:
                 if event.group_done:
                     self._tracer.event("finish", uid=group.uid, attempt=group.attempt,
                                 lengths=[len(s.token_ids) for s in group.samples])
-                    self.groups[group.uid].phase = SCORING
-                    self._tasks.spawn(self._score, self.groups[group.uid])
+                    live = self.table.groups[group.uid]
+                    live.scoring = True  # still RUNNING for the policy until on_group_finished
+                    self._tasks.spawn(self._score, live)
                 else:
                     for version, count in event.new_tokens:
                         self._apply(self.policy.on_tokens(uid=group.uid, version=version, tokens=count, now=now),
@@ -436,13 +376,13 @@ class Controller:
         result = await score_group(self.task, self.tokenizer, live.prompt, live.rollout)
         async with self.lock:
             rollout = live.rollout
-            if self.groups.get(rollout.uid) is not live:
+            if self.table.groups.get(rollout.uid) is not live:
                 return  # dropped while scoring
             rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
             self.stats.rewards_scored += len(result.rewards)
             self.stats.reward_errors += len(result.errors)
             self._reward_log.record(self.stats.reward_errors_by_type, rollout.uid, result.errors)
-            live.phase = DONE
+            live.state, live.scoring = GroupState.DONE, False
             self._ask = True
             self._apply(self.policy.on_group_finished(uid=rollout.uid, versions=rollout.token_versions(),
                                                       now=self.now(), last_versions=rollout.last_versions()),
@@ -452,7 +392,7 @@ class Controller:
     # ================================================================== training
     def train_batch(self, uids: list[int]) -> None:
         step = self.step
-        groups = [self.groups.pop(uid).rollout for uid in uids]
+        groups = [self.table.groups.pop(uid).rollout for uid in uids]
         self.ledger.train(step, [(g.uid, g.token_versions()) for g in groups])
         self._tracer.handed_over()
         self._training = True
@@ -461,11 +401,11 @@ class Controller:
     async def _train(self, step: int, groups: list[GroupRollout]) -> None:
         wait_s = self.now() - self._step_wait_since
         batch = make_train_batch(groups, rows_multiple=self.trainer.rows_multiple)
-        gen0, t0, start_s = await self._engine_busy_s(), time.monotonic(), self.now()
+        gen0, t0, start_s = await self._clock.engine_busy_s(self.engine), time.monotonic(), self.now()
         metrics = await asyncio.get_running_loop().run_in_executor(self._train_thread, self.trainer.step, batch)
         train_s = time.monotonic() - t0
-        overlap_s = await self._engine_busy_s() - gen0  # generation while the trainer trained
-        self._trainer_busy_s += train_s
+        overlap_s = await self._clock.engine_busy_s(self.engine) - gen0  # generation while the trainer trained
+        self._clock.trained(train_s)
         self.stats.overlap_s += overlap_s
         hist = batch_staleness(step, groups)
         async with self.lock:
@@ -498,7 +438,7 @@ class Controller:
                 self._outbox.synced_to(version, still_wanted=self._collector.is_open)
                 self._apply(self.policy.on_version_synced(version=version, now=self.now()), "on_version_synced")
                 stats = await self.engine.stats()
-                self._apply(self.policy.on_engine_stats(kv_usage=_load(stats).usage, queued=stats.queued,
+                self._apply(self.policy.on_engine_stats(kv_usage=EngineLoad.of(stats).usage, queued=stats.queued,
                                                         now=self.now()), "on_engine_stats")
                 if self._evals.due(self.step):
                     await self._start_eval(version)
@@ -553,8 +493,8 @@ class Controller:
         eta_s = self._eta.step_done(self.step, time.monotonic())  # None at the first: it compiled
         record = step_record(
             step, metrics, hist, [len(s.token_ids) for g in groups for s in g.samples], stats, timing,
-            previous=previous, engine=_load(await self.engine.stats()), inflight_groups=self.groups_in_flight(),
-            done_groups=sum(g.phase == DONE for g in self.groups.values()), eta_s=eta_s)
+            previous=previous, engine=EngineLoad.of(await self.engine.stats()), inflight_groups=self.groups_in_flight(),
+            done_groups=self.table.done(), eta_s=eta_s)
         record.update(self._evals.take_pending())  # the latest finished evaluation, once
         for sink in self.sinks:
             sink.write(record)
@@ -565,10 +505,9 @@ class Controller:
         the lock). `stats`: the run's totals up to now (default: `self.stats`). The snapshot copies
         what the run goes on changing."""
         return ControllerSnapshot(
-            run=dict(self.run_config_meta), step=self.step, version=self.version, next_uid=self.next_uid,
+            run=dict(self.run_config_meta), step=self.step, version=self.version, next_uid=self.table.next_uid,
             policy=self.policy.state_dict(), stream=self.stream.state_dict(),
-            window=tuple((c.uid, p) for c, p in self.window),
-            groups=tuple(SavedGroup(g.prompt, g.phase, copy.deepcopy(g.rollout)) for g in self.groups.values()),
+            window=self.table.saved_window(), groups=self.table.saved_groups(),
             stats=copy.deepcopy(self.stats if stats is None else stats),
             ledger_bytes=_size(self.run_dir / LEDGER_FILE), metrics_bytes=_size(self.run_dir / METRICS_FILE),
             trace_bytes=_size(self.run_dir / TRACE_FILE) if self.trace is not None else None)
@@ -577,18 +516,11 @@ class Controller:
         """Continue from `snap` (the trainer is restored by the caller). Groups that were generating
         or being scored at the save lost their engine: they are regenerated when the run starts,
         through the planner's fault path."""
-        self.step, self.version, self.next_uid = snap.step, snap.version, snap.next_uid
+        self.step, self.version = snap.step, snap.version
         self.policy.load_state_dict(snap.policy)
         self.stream.load_state_dict(snap.stream)
-        self.window = [(_candidate(uid, prompt), prompt) for uid, prompt in snap.window]
+        self.table.restore(snap)
         self.stats = copy.deepcopy(snap.stats)
-        self.groups = {}
-        self._lost_on_resume = []
-        for g in snap.groups:
-            rollout = copy.deepcopy(g.rollout)
-            self.groups[rollout.uid] = LiveGroup(g.prompt, rollout, DONE if g.phase == DONE else GENERATING)
-            if g.phase != DONE:
-                self._lost_on_resume.append(rollout.uid)
 
     async def save_checkpoint(self) -> None:
         """Save at a step boundary (between the events, under the lock): see `runtime.state`."""
@@ -601,10 +533,6 @@ class Controller:
     def load_checkpoint_meta(self, meta: dict[str, Any]) -> None:
         """`restore` from a checkpoint's JSON object (`runtime.state`)."""
         self.restore(from_json(meta))
-
-
-def _candidate(uid: int, prompt: Prompt) -> Candidate:
-    return Candidate(uid, prompt.prompt_id, len(prompt.prompt_ids))
 
 
 def _size(path: Path) -> int:

@@ -19,11 +19,14 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from planner import run_files
 from planner.jsonl import read_jsonl_lines
 from planner.run_files import METRICS_FILE, SUMMARY_FILE  # noqa: F401  (the runtime's modules import them here)
+
+if TYPE_CHECKING:
+    from jaxrl_async.engines.base import EngineStats
 
 
 class MetricsSink(Protocol):
@@ -97,6 +100,12 @@ class EngineLoad:
 
     active: list[int]
     usage: float
+
+    @classmethod
+    def of(cls, stats: EngineStats) -> EngineLoad:
+        """Active sequences per replica (one entry for a single engine) and slots in use."""
+        return cls(list(stats.extra.get("per_replica_active", [stats.active_slots])),
+                   stats.active_slots / max(1, stats.total_slots))
 
 
 def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], lengths: list[int], stats: RunStats,

@@ -35,7 +35,7 @@ class SavedGroup:
     """An admitted, untrained group at the save."""
 
     prompt: Prompt
-    phase: str  # the controller's phase: generating, scoring or done
+    phase: str  # the phase name of runtime/groups.py `LiveGroup.phase_name`: generating, scoring or done
     rollout: GroupRollout  # its samples (complete for a done group) and rewards
 
 

@@ -216,7 +216,7 @@ def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit
     assert sum(e["event"] == "train" for e in ledger) == first["steps"]
     untrained_at_stop = {e["uid"] for e in ledger if e["event"] == "admit"} - {
         g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]}
-    generating_at_stop = {uid for uid, g in job.controller.groups.items() if g.phase != "done"}
+    generating_at_stop = {uid for uid, g in job.controller.table.groups.items() if g.phase_name != "done"}
     assert {8, 9} <= generating_at_stop <= untrained_at_stop  # really in flight at the stop
     assert job.controller.engine.withheld == stuck
 

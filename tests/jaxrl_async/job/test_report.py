@@ -1,4 +1,4 @@
-"""The report printed at a run's end (jaxrl_async/train.py `final_report`)."""
+"""The report printed at a run's end (jaxrl_async/job/report.py `final_report`)."""
 
 import json
 
@@ -29,3 +29,10 @@ def test_the_held_out_pass_rate_from_the_base_model_to_the_last_evaluation_is_in
 def test_a_run_without_evaluations_reports_no_eval_line(tmp_path):
     metrics = write_metrics(tmp_path / "metrics.jsonl", [{"step": 0, "reward_mean": 0.1}])
     assert "eval" not in final_report(OUT, metrics)
+
+
+def test_the_report_gives_the_steady_state_rate_beside_the_whole_run_one(tmp_path):
+    metrics = write_metrics(tmp_path / "metrics.jsonl", [{"step": 0, "reward_mean": 0.1}])
+    line = final_report({**OUT, "steps_per_hour_steady": 900.0}, metrics).splitlines()[1]
+    assert "(360 steps/h; steady state 900, without the compile)" in line
+    assert "steady" not in final_report(OUT, metrics)  # a run too short for a steady state

@@ -18,13 +18,14 @@ import pytest
 
 from jaxrl_async.checkpoint import truncate
 from jaxrl_async.engines.base import GenerationRequest
-from jaxrl_async.runtime.controller import DONE, GENERATING, sampling_seed
+from jaxrl_async.runtime.controller import sampling_seed
+from jaxrl_async.runtime.groups import DONE
 from jaxrl_async.runtime.metrics import METRICS_FILE
 from jaxrl_async.runtime.outbox import Abort, Submit
 from jaxrl_async.runtime.state import from_json, to_json
 from planner.ledger import LEDGER_FILE
 from planner.tools.audit import audit
-from planner.types import Admission, Decision, Drop
+from planner.types import Admission, Decision, Drop, GroupState
 from tests.helpers.controller_harness import InstantTrainer, MemoryCheckpointer, ScriptedEngine, make_controller, run
 from tests.helpers.train_runs import StepProbe, read_jsonl
 
@@ -39,8 +40,8 @@ def trained(run_dir) -> Counter:
 
 def admit_first_candidate(c):
     """Admit the stream's first prompt through the policy, as `_settle` does; its uid."""
-    c._refill_window()
-    decision = c.policy.admit(now=0.0, candidates=[c.window[0][0]])
+    c.table.refill(c.stream)
+    decision = c.policy.admit(now=0.0, candidates=[c.table.window[0][0]])
     c._apply(decision, "admit")
     return decision.admit[0].uid
 
@@ -79,12 +80,12 @@ def test_a_fresh_admission_is_submitted_at_once_with_its_attempts_seed_and_ledge
     assert request.sampling.seed == sampling_seed(0, uid, 0) and request.sampling.n == 2
     assert (request.sampling.temperature, request.sampling.top_p, request.sampling.max_new_tokens,
             request.sampling.stop_token_ids) == (0.9, 0.95, 4, (0,))  # the run's sampling settings
-    assert request.prompt_ids == c.groups[uid].prompt.prompt_ids and request.priority == 1.0  # deadline 0 + η
-    assert c.groups[uid].rollout.prompt_id == c.groups[uid].prompt.prompt_id
-    assert c.stats.groups_admitted == 1 and c.stats.groups_readmitted == 0 and c.window[0][0].uid != uid
+    assert request.prompt_ids == c.table.groups[uid].prompt.prompt_ids and request.priority == 1.0  # deadline 0 + η
+    assert c.table.groups[uid].rollout.prompt_id == c.table.groups[uid].prompt.prompt_id
+    assert c.stats.groups_admitted == 1 and c.stats.groups_readmitted == 0 and c.table.window[0][0].uid != uid
     c.ledger.flush()
     assert read_jsonl(tmp_path / LEDGER_FILE) == [
-        {"event": "admit", "uid": uid, "version": 0, "deadline": 1, "prompt": c.groups[uid].prompt.prompt_id}]
+        {"event": "admit", "uid": uid, "version": 0, "deadline": 1, "prompt": c.table.groups[uid].prompt.prompt_id}]
 
 
 def test_a_regenerated_group_started_on_newer_weights_waits_for_them_then_is_submitted_once(tmp_path):
@@ -102,7 +103,7 @@ def test_a_regenerated_group_started_on_newer_weights_waits_for_them_then_is_sub
     assert g.versions == {} and g.start_version is None  # regenerated from scratch, not resumed
     assert [(v, r.request_id) for v, r in held(c)] == [(1, f"{uid}.1")]
     assert held(c)[0][1].sampling.seed == sampling_seed(0, uid, 1)
-    assert c.stats.groups_readmitted == 1 and c.stats.groups_admitted == 1 and uid not in c._lost
+    assert c.stats.groups_readmitted == 1 and c.stats.groups_admitted == 1 and not c.table.is_lost(uid)
     assert not c._collector.is_open(f"{uid}.0") and c._collector.is_open(f"{uid}.1")
     forget_commands(c)
     sync(c, 0)  # still on v0
@@ -120,14 +121,14 @@ def test_a_barrier_equal_to_the_engines_version_is_met_and_submitted_at_once(tmp
     c = make_controller(tmp_path)
     uid = admit_first_candidate(c)
     c.version = 3
-    c._lost.add(uid)
+    c.table.lose(uid)
     forget_commands(c)
-    c.admit_group(Admission(uid, c.groups[uid].prompt.prompt_id, version=3, deadline=4, priority=4.0))
+    c.admit_group(Admission(uid, c.table.groups[uid].prompt.prompt_id, version=3, deadline=4, priority=4.0))
     assert aborts(c) == [f"{uid}.0"] and submits(c) == [f"{uid}.1"] and held(c) == []
-    c._lost.add(uid)
-    c.admit_group(Admission(uid, c.groups[uid].prompt.prompt_id, version=4, deadline=5, priority=5.0))
+    c.table.lose(uid)
+    c.admit_group(Admission(uid, c.table.groups[uid].prompt.prompt_id, version=4, deadline=5, priority=5.0))
     assert submits(c) == [f"{uid}.1"] and [r.request_id for _, r in held(c)] == [f"{uid}.2"]
-    assert c.groups[uid].rollout.attempt == 2 and c.stats.groups_readmitted == 2
+    assert c.table.groups[uid].rollout.attempt == 2 and c.stats.groups_readmitted == 2
 
 
 def test_a_held_request_whose_group_was_dropped_meanwhile_is_never_submitted(tmp_path):
@@ -135,8 +136,8 @@ def test_a_held_request_whose_group_was_dropped_meanwhile_is_never_submitted(tmp
     first, second = admit_first_candidate(c), admit_first_candidate(c)
     forget_commands(c)
     for uid, barrier in ((first, 2), (second, 1)):
-        c._lost.add(uid)
-        c.admit_group(Admission(uid, c.groups[uid].prompt.prompt_id, version=barrier, deadline=barrier + 1))
+        c.table.lose(uid)
+        c.admit_group(Admission(uid, c.table.groups[uid].prompt.prompt_id, version=barrier, deadline=barrier + 1))
     assert c.stats.groups_admitted == 2 and c.stats.groups_readmitted == 2
     c.drop_group(Drop(first, 0, "test"))
     forget_commands(c)
@@ -150,18 +151,18 @@ def test_a_held_request_whose_group_was_dropped_meanwhile_is_never_submitted(tmp
 def test_dropping_a_generating_group_aborts_it_and_counts_its_tokens_as_waste(tmp_path):
     c = make_controller(tmp_path)
     generating, done = admit_first_candidate(c), admit_first_candidate(c)
-    c.groups[generating].rollout.samples[0].token_ids = [1, 2, 3]
-    c.groups[done].phase = DONE
-    c.groups[done].rollout.samples[1].token_ids = [4]
-    c._lost.add(generating)
+    c.table.groups[generating].rollout.samples[0].token_ids = [1, 2, 3]
+    c.table.groups[done].state = GroupState.DONE
+    c.table.groups[done].rollout.samples[1].token_ids = [4]
+    c.table.lose(generating)
     forget_commands(c)
     c._ask = False
     c.drop_group(Drop(generating, 0, "lost"))
-    assert aborts(c) == [f"{generating}.0"] and generating not in c.groups and generating not in c._lost
+    assert aborts(c) == [f"{generating}.0"] and generating not in c.table.groups and not c.table.is_lost(generating)
     assert not c._collector.is_open(f"{generating}.0") and c._ask
     c.drop_group(Drop(done, 0, "end_of_run"))
     assert aborts(c) == [f"{generating}.0"]  # a done group has no request left to abort
-    assert c.stats.groups_dropped == 2 and c.stats.tokens_wasted == 4 and c.groups == {}
+    assert c.stats.groups_dropped == 2 and c.stats.tokens_wasted == 4 and c.table.groups == {}
     c.ledger.flush()
     drops = [(e["uid"], e["reason"], e["tokens"]) for e in read_jsonl(tmp_path / LEDGER_FILE) if e["event"] == "drop"]
     assert drops == [(generating, "lost", 3), (done, "end_of_run", 1)]
@@ -176,7 +177,7 @@ def test_lost_requests_are_regenerated_once_and_stale_ids_are_ignored(tmp_path):
 
     def lose(record):
         if record["step"] == 0:
-            assert c.groups[3].phase == GENERATING  # really in flight: the engine holds it
+            assert c.table.groups[3].generating  # really in flight: the engine holds it
             c.on_requests_lost(["3.0", "0.0", "99.0"])  # 0 is trained, 99 never existed
         elif record["step"] == 1:
             c.on_requests_lost(["3.0"])  # the superseded attempt: nothing to redo
@@ -211,11 +212,11 @@ def test_a_policy_whose_fault_decision_is_invalid_is_named_with_the_call_that_re
 def test_a_policy_may_drop_a_lost_group_instead(tmp_path):
     c = make_controller(tmp_path)
     uid = admit_first_candidate(c)
-    c.groups[uid].rollout.samples[1].token_ids = [5, 6]
+    c.table.groups[uid].rollout.samples[1].token_ids = [5, 6]
     c.policy.on_group_lost = lambda uid, **kw: Decision(drop=[c.policy.drop(uid, "lost")])
     forget_commands(c)
     c._regenerate(uid)  # no error: the group is accounted for
-    assert aborts(c) == [f"{uid}.0"] and submits(c) == [] and uid not in c.groups and uid not in c._lost
+    assert aborts(c) == [f"{uid}.0"] and submits(c) == [] and uid not in c.table.groups and not c.table.is_lost(uid)
     assert c.stats.groups_dropped == 1 and c.stats.tokens_wasted == 2 and c.stats.groups_readmitted == 0
     c.ledger.flush()
     assert [(e["uid"], e["reason"], e["tokens"]) for e in read_jsonl(tmp_path / LEDGER_FILE)
@@ -273,8 +274,8 @@ def test_a_stopped_run_resumes_regenerating_exactly_its_in_flight_groups_and_tra
     saved_versions = {g["rollout"]["uid"]: g["rollout"]["samples"] for g in meta["groups"]}
 
     second, engine = resume(cut, meta)
-    assert second._lost_on_resume == sorted(in_flight) and second.step == 2 and second.version == 2
-    assert {uid for uid, g in second.groups.items() if g.phase == GENERATING} == in_flight
+    assert second.table.lost_on_resume == sorted(in_flight) and second.step == 2 and second.version == 2
+    assert set(second.table.generating()) == in_flight
     result = run(second)
     assert result.completed and result.steps_done == 6
     assert engine.pushes[0] == 2  # the engine got the checkpoint's weights before anything ran
@@ -319,22 +320,22 @@ def test_restoring_twice_keeps_only_the_second_snapshots_in_flight_groups(tmp_pa
     c = make_controller(tmp_path / "fresh")
     c.load_checkpoint_meta(meta)
     c.load_checkpoint_meta({**meta, "groups": [g for g in meta["groups"] if g["phase"] == DONE]})
-    assert c._lost_on_resume == [] and all(g.phase == DONE for g in c.groups.values())
+    assert c.table.lost_on_resume == [] and all(g.state == GroupState.DONE for g in c.table.groups.values())
 
 
 def test_a_snapshot_shares_nothing_the_run_goes_on_changing(tmp_path):
     c = make_controller(tmp_path)
     uid = admit_first_candidate(c)
-    c.groups[uid].rollout.samples[0].token_ids.append(7)
+    c.table.groups[uid].rollout.samples[0].token_ids.append(7)
     snap = c.snapshot()
     before = json.dumps(to_json(snap))
-    c.groups[uid].rollout.samples[0].token_ids.append(8)
+    c.table.groups[uid].rollout.samples[0].token_ids.append(8)
     c.stats.groups_trained += 5
     c.stats.add_batch({0: 3})  # the histogram is a dict inside the stats
     c.policy.step += 1
-    c.window.clear()
+    c.table.window.clear()
     assert json.dumps(to_json(snap)) == before
-    assert snap.next_uid == c.next_uid and [u for u, _ in snap.window] and snap.groups[0].phase == GENERATING
+    assert snap.next_uid == c.table.next_uid and [u for u, _ in snap.window] and snap.groups[0].phase == "generating"
 
 
 def test_without_a_checkpointer_a_stop_saves_nothing_and_still_ends(tmp_path):
@@ -367,7 +368,7 @@ def test_a_restored_controller_shares_nothing_with_the_snapshot_it_came_from(tmp
     before = json.dumps(to_json(snap))
     c = make_controller(tmp_path / "fresh")
     c.restore(snap)
-    for g in c.groups.values():
+    for g in c.table.groups.values():
         g.rollout.samples[0].token_ids.append(9)
     c.stats.add_batch({1: 4})
     c.stats.groups_trained += 1

@@ -46,3 +46,13 @@ def test_a_training_run_and_a_simulated_run_share_their_keys_and_plot_with_the_s
     train_rows, sim_rows = read_jsonl(train_dir / "metrics.jsonl"), read_jsonl(sim_dir / "metrics.jsonl")
     assert all(r["reward_mean"] is not None and r["loss"] is not None for r in train_rows)
     assert all(r["reward_mean"] is None and r["loss"] is None for r in sim_rows)  # no model in the simulator
+
+
+def test_an_engines_load_lists_each_replicas_active_sequences_and_the_share_of_slots_in_use():
+    from jaxrl_async.engines.base import EngineStats
+    from jaxrl_async.runtime.metrics import EngineLoad
+
+    replicas = EngineLoad.of(EngineStats(6, 8, 0, 0.5, 3, extra={"per_replica_active": [4, 2]}))
+    single = EngineLoad.of(EngineStats(3, 0, 0, 0.5, 3))
+    assert (replicas.active, replicas.usage) == ([4, 2], 0.75)
+    assert (single.active, single.usage) == ([3], 3.0)  # no slots reported: counted against one

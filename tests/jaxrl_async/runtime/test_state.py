@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from jaxrl_async.runtime import state
-from jaxrl_async.runtime.controller import DONE, GENERATING, LiveGroup
+from jaxrl_async.runtime.groups import GENERATING, LiveGroup
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutSample
+from planner.types import GroupState
 from tests.helpers.train_runs import make_job
 
 PROMPT = {"prompt_id": "p3", "text": "say a", "prompt_ids": [5, 6, 7], "answer": "a", "meta": {"content": "a"}}
@@ -55,15 +56,16 @@ def test_state_converts_snapshots_and_never_imports_the_controller():
 def test_a_controller_restored_from_its_snapshot_snapshots_the_same_and_regenerates_what_was_generating(tmp_path):
     overrides = ["steps=4", "batch_groups=2", "group_size=2", "max_new_tokens=4"]
     ctrl = make_job(tmp_path / "a", overrides).controller
-    ctrl._refill_window()
-    (c_done, p_done), (c_gen, p_gen) = ctrl.window.pop(0), ctrl.window.pop(0)
+    ctrl.table.refill(ctrl.stream)
+    (c_done, p_done), (c_gen, p_gen) = ctrl.table.window.pop(0), ctrl.table.window.pop(0)
     done = GroupRollout(c_done.uid, p_done.prompt_id, p_done.prompt_ids,
                         [RolloutSample([1, 2], [-0.5, -0.5], [[0, 2]], "stop"),
                          RolloutSample([3], [-1.0], [[0, 1]], "length")],
                         started=True, rewards=[1.0, 0.0])
     generating = GroupRollout(c_gen.uid, p_gen.prompt_id, p_gen.prompt_ids,
                               [RolloutSample([4], [-0.2], [[0, 1]]), RolloutSample()], started=True)
-    ctrl.groups = {c_done.uid: LiveGroup(p_done, done, DONE), c_gen.uid: LiveGroup(p_gen, generating, "scoring")}
+    ctrl.table.groups = {c_done.uid: LiveGroup(p_done, done, GroupState.DONE),
+                         c_gen.uid: LiveGroup(p_gen, generating, scoring=True)}
     ctrl.step = ctrl.version = 1
 
     saved = state.to_json(ctrl.snapshot())
@@ -75,5 +77,5 @@ def test_a_controller_restored_from_its_snapshot_snapshots_the_same_and_regenera
     fresh.restore(state.from_json(saved))
     assert state.to_json(fresh.snapshot()) == {**saved, "groups": [saved["groups"][0],
                                                                   {**saved["groups"][1], "phase": GENERATING}]}
-    assert fresh._lost_on_resume == [c_gen.uid] and fresh.groups[c_done.uid].phase == DONE
-    assert [c.uid for c, _ in fresh.window] == [c.uid for c, _ in ctrl.window]
+    assert fresh.table.lost_on_resume == [c_gen.uid] and fresh.table.groups[c_done.uid].state == GroupState.DONE
+    assert [c.uid for c, _ in fresh.table.window] == [c.uid for c, _ in ctrl.table.window]
