@@ -16,12 +16,19 @@
   re-admission keeps the staleness bound (docs/design.md §2). With `restart_lost` a replacement worker is
   started (and given the newest weights) in the freed bundle. Without `on_lost` the loss is a
   one-line error on the output stream: silently dropping groups would break no-drop.
-- **Liveness**: every call to a worker (`poll`, `submit`, `abort`, `update_weights`, `stats`,
-  `stop`) has a deadline, `rpc_timeout_s` (a poll: its own wait plus that). A worker that does not
-  answer in time — a hung or SIGSTOPped process, which Ray still reports alive — is treated as
-  dead: it is `ray.kill`ed, its requests go to `on_lost` and a replacement takes its bundle, as
-  above, with one warning line. The poll, every `poll_s`, is the heartbeat: a stopped worker is
-  found within `poll_s + rpc_timeout_s` even when the runtime sends it nothing.
+- **Liveness, per worker**: every call to a worker (`poll`, `submit`, `abort`, `update_weights`,
+  `stop`) has its own deadline (cluster/deadlines.py: clamp(20 x p99 of that kind's observed
+  answer times, `rpc_timeout_floor_s`, `rpc_timeout_ceiling_s`), or the fixed `rpc_timeout_s`;
+  a poll: its own wait plus that), and no call waits on all workers together, so one stopped
+  worker never holds up the others: `stats()` reads what each worker's latest poll brought,
+  `submit` / `abort` return once sent (a task awaits the answer), and `update_weights` waits for
+  a worker that does not answer only 3x the first answer time (at least 1 s); a worker still
+  behind gets no new request until it holds the new weights (the start barrier). A worker that
+  misses its deadline — a hung or SIGSTOPped process, which Ray still reports alive — is treated
+  as dead: it is `ray.kill`ed, its requests go to `on_lost` and a replacement takes its bundle,
+  as above, with one warning line. The poll, every `poll_s`, is the heartbeat: a stopped worker
+  is found within `poll_s` plus its poll deadline (~10 s) even when the runtime sends it nothing.
+- `connect` runs `ray.init` under a deadline (`init_timeout_s`): Ray's own retries have none.
 
 Left out: autoscaling, and moving in-flight prefixes between workers (lost requests restart).
 """
@@ -30,10 +37,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from jaxrl_async.cluster.deadlines import RpcDeadlines
 from jaxrl_async.cluster.distributed import DistributedConfig
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       SampleOutput, check_new_request_id, least_loaded, read_outputs)
@@ -56,8 +66,16 @@ class RayClusterConfig:
       strategy: placement-group strategy for the worker bundles.
       restart_lost: start a replacement worker when one dies.
       placement_timeout_s: how long to wait for the bundles before failing.
-      rpc_timeout_s: how long a worker may take to answer a call (the slowest weight push
-        included) before it is treated as dead, killed and replaced.
+      rpc_timeout_s: an explicit deadline (s) for every call to a worker, replacing the adaptive
+        one; None (the default): each call kind's deadline is clamp(20 x p99 of its observed
+        answer times, rpc_timeout_floor_s, rpc_timeout_ceiling_s) (cluster/deadlines.py). A worker
+        that misses its own deadline is treated as dead, killed and replaced.
+      rpc_timeout_floor_s: the adaptive deadline's floor: a stopped worker is found about this
+        long (plus a poll) after its last answer.
+      rpc_timeout_ceiling_s: the adaptive deadline's ceiling, and the deadline of a call kind
+        not answered yet (the first weight push of a large model may be slow).
+      init_timeout_s: how long joining the cluster (`ray.init`) may take before the run fails
+        with a one-line error naming the usual fix.
       distributed: multi-host JAX for the trainer (`cluster.distributed.*`, see distributed.py).
     """
 
@@ -68,7 +86,10 @@ class RayClusterConfig:
     strategy: str = "PACK"
     restart_lost: bool = True
     placement_timeout_s: float = 60
-    rpc_timeout_s: float = 120
+    rpc_timeout_s: float | None = None
+    rpc_timeout_floor_s: float = 10
+    rpc_timeout_ceiling_s: float = 120
+    init_timeout_s: float = 60
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def __post_init__(self) -> None:
@@ -76,8 +97,13 @@ class RayClusterConfig:
         for name in ("gpus_per_worker", "cpus_per_worker"):
             check(getattr(self, name) >= 0, f"cluster.{name}", getattr(self, name), "must be >= 0")
         check(self.strategy in STRATEGIES, "cluster.strategy", self.strategy, f"must be one of {STRATEGIES}")
-        for name in ("placement_timeout_s", "rpc_timeout_s"):
-            check(getattr(self, name) > 0, f"cluster.{name}", getattr(self, name), "must be > 0 (seconds)")
+        for name in ("placement_timeout_s", "rpc_timeout_s", "rpc_timeout_floor_s", "rpc_timeout_ceiling_s",
+                     "init_timeout_s"):
+            value = getattr(self, name)
+            check(value is None and name == "rpc_timeout_s" or value is not None and value > 0,
+                  f"cluster.{name}", value, "must be > 0 (seconds)")
+        check(self.rpc_timeout_floor_s <= self.rpc_timeout_ceiling_s, "cluster.rpc_timeout_floor_s",
+              self.rpc_timeout_floor_s, f"must be <= cluster.rpc_timeout_ceiling_s={self.rpc_timeout_ceiling_s}")
 
 
 @dataclass(frozen=True)
@@ -126,12 +152,11 @@ def connect(cfg: RayClusterConfig) -> None:
 
     if not ray.is_initialized():
         _check_reachable(cfg.address)
-        try:
-            if cfg.address == "local":
-                ray.init(include_dashboard=False, log_to_driver=False)
-            else:
-                ray.init(address=cfg.address, log_to_driver=False)
-        except (ConnectionError, RuntimeError, ValueError) as error:
+        if cfg.address == "local":
+            error = _init_within(cfg, lambda: ray.init(include_dashboard=False, log_to_driver=False))
+        else:
+            error = _init_within(cfg, lambda: ray.init(address=cfg.address, log_to_driver=False))
+        if error is not None:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ConnectionError(f"cluster.address={cfg.address!r}: cannot reach a Ray cluster ({first}); "
                                   "start one with `ray start --head` or fix the address") from None
@@ -140,6 +165,35 @@ def connect(cfg: RayClusterConfig) -> None:
     if need > have:
         raise ValueError(f"cluster.num_workers={cfg.num_workers} x gpus_per_worker={cfg.gpus_per_worker} "
                          f"needs {need:g} GPUs; the Ray cluster has {have:g}")
+
+
+def _init_within(cfg: RayClusterConfig, init: Callable[[], None]) -> BaseException | None:
+    """`init()` (`ray.init`) with a deadline, `cluster.init_timeout_s`: in a daemon thread, since
+    Ray's own retries have none (a head started on 127.0.0.1 answers the TCP probe, then `ray.init`
+    retries the host's interface address for ever). Returns the connection error it raised, if any;
+    past the deadline, a one-line ConnectionError naming the fixes."""
+    outcome: list[BaseException | None] = []
+
+    def run() -> None:
+        try:
+            init()
+            outcome.append(None)
+        except BaseException as error:  # noqa: BLE001 - sorted and re-raised in the caller's thread
+            outcome.append(error)
+
+    thread = threading.Thread(target=run, name="ray-init", daemon=True)
+    thread.start()
+    thread.join(cfg.init_timeout_s)
+    if not outcome:
+        raise ConnectionError(
+            f"cluster.address={cfg.address!r}: ray.init did not finish within cluster.init_timeout_s="
+            f"{cfg.init_timeout_s:g} s; a head on 127.0.0.1 needs RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in this "
+            "process's environment (Ray swaps the loopback for the interface address), a remote head "
+            "`ray start --head --node-ip-address=<reachable address>`")
+    error = outcome[0]
+    if error is not None and not isinstance(error, (ConnectionError, RuntimeError, ValueError)):
+        raise error
+    return error
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
@@ -198,8 +252,9 @@ class EngineActor:
     async def stats(self) -> EngineStats:
         return await self.engine.stats()
 
-    async def poll(self, timeout: float) -> list[SampleOutput]:
-        """The outputs since the last poll; waits up to `timeout` s for the first one."""
+    async def poll(self, timeout: float) -> tuple[list[SampleOutput], EngineStats]:
+        """The outputs since the last poll (waits up to `timeout` s for the first one) and the
+        engine's stats: the heartbeat carries them, so the proxy never asks a worker for stats."""
         if not self._pending and self._error is None:
             try:
                 await asyncio.wait_for(self._ready.wait(), timeout)
@@ -209,42 +264,22 @@ class EngineActor:
             raise self._error
         out, self._pending = self._pending, []
         self._ready.clear()
-        return out
+        return out, await self.engine.stats()
 
     async def stop(self) -> None:
         await self.engine.stop()
 
 
-@dataclass
-class _Worker:
-    index: int
-    actor: Any
-    pid: int
-    live: set[str] = field(default_factory=set)
-    alive: bool = True
+class RayActors:
+    """What the proxy asks of Ray: the bundles, the actors, the object store, and what an error
+    means. Tests hand the proxy a fake with the same methods (tests/helpers/fake_ray.py)."""
 
-
-class _WorkerLost(Exception):
-    """A call to a worker that died or did not answer in time (the worker is already handled)."""
-
-
-class RayEngineProxy(GenerationEngine):
-    """Ray actors behind the `GenerationEngine` contract (see the module docstring)."""
-
-    def __init__(self, spec: EngineSpec, cluster: RayClusterConfig,
-                 on_lost: Callable[[list[str]], None] | None = None, poll_s: float = 0.5):
-        self.spec, self.cluster, self.on_lost, self.poll_s = spec, cluster, on_lost, poll_s
-        self.workers: list[_Worker] = []
-        self._owner: dict[str, _Worker] = {}  # request id -> worker holding it
-        self._samples_left: dict[str, int] = {}
-        self._out: asyncio.Queue = asyncio.Queue()
-        self._tasks: list[asyncio.Task] = []
-        self._latest: tuple[Any, int] | None = None  # (params ref, version) for replacements
+    def __init__(self, spec: EngineSpec, cluster: RayClusterConfig):
+        self.spec, self.cluster = spec, cluster
         self._placement = None
-        self._version = 0
-        self._replacing = 0  # replacement workers being started
 
-    async def start(self) -> None:
+    async def reserve(self) -> None:
+        """Join the cluster and reserve one bundle per worker (one-line errors otherwise)."""
         import ray
         from ray.util.placement_group import placement_group
 
@@ -257,9 +292,9 @@ class RayEngineProxy(GenerationEngine):
         except asyncio.TimeoutError:
             raise ValueError(f"cluster: {c.num_workers} bundles of {bundle} were not placed within "
                              f"{c.placement_timeout_s:g} s; the Ray cluster has {ray.available_resources()}") from None
-        await asyncio.gather(*(self._spawn(i) for i in range(c.num_workers)))
 
-    async def _spawn(self, index: int) -> _Worker:
+    def spawn(self, index: int) -> Any:
+        """An `EngineActor` in bundle `index` (not started)."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -267,40 +302,130 @@ class RayEngineProxy(GenerationEngine):
         remote = ray.remote(EngineActor).options(
             num_cpus=c.cpus_per_worker, num_gpus=c.gpus_per_worker, max_concurrency=64,
             scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement, placement_group_bundle_index=index))
-        actor = remote.remote(self.spec)
+        return remote.remote(self.spec)
+
+    def put(self, value: Any) -> Any:
+        import ray
+
+        return ray.put(value)
+
+    def kill(self, actor: Any) -> None:
+        import ray
+
+        try:
+            ray.kill(actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - already gone
+            pass
+
+    def release(self) -> None:
+        import ray
+
+        if self._placement is not None:
+            ray.util.remove_placement_group(self._placement)
+
+    def is_death(self, error: BaseException) -> bool:
+        """The actor's process or node is gone (as opposed to a call that raised)."""
+        import ray
+
+        return isinstance(error, ray.exceptions.RayActorError)
+
+    def cause(self, error: BaseException) -> BaseException:
+        """What the worker's method raised: a `RayTaskError` carries the remote traceback in its
+        text (a one-line ValueError becomes 14 lines); the cause is the error the user can act on."""
+        import ray
+
+        if isinstance(error, ray.exceptions.RayTaskError) and isinstance(error.cause, BaseException):
+            return error.cause
+        return error
+
+
+@dataclass
+class _Worker:
+    index: int
+    actor: Any
+    pid: int
+    live: set[str] = field(default_factory=set)
+    alive: bool = True
+    version: int = 0  # the newest weights it acknowledged
+    stats: EngineStats | None = None  # from its latest poll answer
+    heard: float = 0.0  # monotonic time of its latest answer (the heartbeat)
+    pushing: bool = False  # a weight push to it is in flight
+    submits: dict[str, asyncio.Task] = field(default_factory=dict)  # submit calls not yet answered
+
+
+class _WorkerLost(Exception):
+    """A call to a worker that died or did not answer in time (the worker is already handled)."""
+
+
+class RayEngineProxy(GenerationEngine):
+    """Ray actors behind the `GenerationEngine` contract (see the module docstring)."""
+
+    def __init__(self, spec: EngineSpec, cluster: RayClusterConfig,
+                 on_lost: Callable[[list[str]], None] | None = None, poll_s: float = 0.5,
+                 actors: Any = None):
+        self.spec, self.cluster, self.on_lost, self.poll_s = spec, cluster, on_lost, poll_s
+        self.actors = RayActors(spec, cluster) if actors is None else actors
+        self.deadlines = RpcDeadlines(floor_s=cluster.rpc_timeout_floor_s, ceiling_s=cluster.rpc_timeout_ceiling_s,
+                                      override_s=cluster.rpc_timeout_s)
+        self.workers: list[_Worker] = []
+        self._owner: dict[str, _Worker] = {}  # request id -> worker holding it
+        self._samples_left: dict[str, int] = {}
+        self._out: asyncio.Queue = asyncio.Queue()
+        self._tasks: list[asyncio.Task] = []
+        self._latest: tuple[Any, int] | None = None  # (params ref, version) for replacements
+        self._version = 0  # the newest version update_weights returned for
+        self._replacing = 0  # replacement workers being started
+        self._push_error: BaseException | None = None  # a push a worker refused
+        self._changed = asyncio.Event()  # a worker answered a push, or was lost
+
+    async def start(self) -> None:
+        await self.actors.reserve()
+        await asyncio.gather(*(self._spawn(i) for i in range(self.cluster.num_workers)))
+
+    async def _spawn(self, index: int) -> _Worker:
+        actor = self.actors.spawn(index)
         pid = await actor.start.remote()  # no deadline: loading and compiling a model takes what it takes
         # A push that lands while this worker loads the latest weights only reaches the workers
         # already listed, so load again until nothing newer arrived. No await separates the last
         # check from joining the list, so no push can slip in between.
-        pushed = None
+        pushed, version = None, 0
         while self._latest is not None and self._latest is not pushed:
             pushed = self._latest
             await actor.update_weights.remote(*pushed)
-        worker = _Worker(index, actor, pid)
+            version = pushed[1]
+        worker = _Worker(index, actor, pid, version=version, heard=time.monotonic())
         self.workers = [w for w in self.workers if w.index != index] + [worker]
         self._tasks.append(asyncio.get_running_loop().create_task(self._read(worker)))
         return worker
 
-    async def _call(self, worker: _Worker, method: str, *args: Any, timeout_s: float | None = None) -> Any:
-        """`worker.actor.<method>.remote(*args)`, awaited for at most `timeout_s` (default
-        `rpc_timeout_s`). A worker that died or did not answer is lost (`_lose`): `_WorkerLost`."""
-        import ray
-
-        timeout_s = self.cluster.rpc_timeout_s if timeout_s is None else timeout_s
+    async def _call(self, worker: _Worker, kind: str, *args: Any, wait_s: float = 0.0) -> Any:
+        """`worker.actor.<kind>.remote(*args)`, awaited for at most its own deadline
+        (`RpcDeadlines.timeout_s(kind)`, plus `wait_s` the call itself waits). Only this worker's
+        call is waited for. A worker that died or did not answer is lost (`_lose`): `_WorkerLost`.
+        An error the method raised is re-raised as its cause (one line, not Ray's traceback)."""
+        timeout_s = wait_s + self.deadlines.timeout_s(kind)
+        t0 = time.monotonic()
         try:
-            return await asyncio.wait_for(getattr(worker.actor, method).remote(*args), timeout_s)
+            result = await asyncio.wait_for(getattr(worker.actor, kind).remote(*args), timeout_s)
         except asyncio.TimeoutError:
-            self._lose(worker, f"did not answer {method} within {timeout_s:g} s (hung or stopped)")
-        except ray.exceptions.RayActorError:
-            self._lose(worker, "died")
-        raise _WorkerLost
+            self._lose(worker, f"did not answer {kind} within {timeout_s:g} s (hung or stopped)")
+            raise _WorkerLost from None
+        except Exception as error:  # noqa: BLE001 - sorted into a death or the method's own error
+            if self.actors.is_death(error):
+                self._lose(worker, "died")
+                raise _WorkerLost from None
+            raise self.actors.cause(error) from None
+        worker.heard = time.monotonic()
+        self.deadlines.observe(kind, max(0.0, worker.heard - t0 - wait_s))
+        return result
 
     async def _read(self, worker: _Worker) -> None:
-        """The worker's output stream, one long poll at a time; a poll is also its heartbeat."""
+        """The worker's output stream, one long poll at a time; a poll is also its heartbeat and
+        brings its stats, so `stats()` never waits on a worker."""
         try:
             while worker.alive:
-                for out in await self._call(worker, "poll", self.poll_s,
-                                            timeout_s=self.poll_s + self.cluster.rpc_timeout_s):
+                outputs, worker.stats = await self._call(worker, "poll", self.poll_s, wait_s=self.poll_s)
+                for out in outputs:
                     if out.done:
                         self._samples_left[out.request_id] -= 1
                         if not self._samples_left[out.request_id]:
@@ -315,14 +440,17 @@ class RayEngineProxy(GenerationEngine):
                 self._out.put_nowait(error)
             raise
 
+    def _late(self, worker: _Worker) -> bool:
+        """Suspect: not heard from for a poll plus `late_s` (alive to the run, but given no new work)."""
+        return time.monotonic() - worker.heard > self.poll_s + self.deadlines.late_s("poll")
+
     def _lose(self, worker: _Worker, why: str) -> None:
         """`worker` is dead to the run: kill it (a hung process still holds its bundle), hand its
         requests to `on_lost` and start a replacement (`_replace`). Idempotent."""
-        import ray
-
         if not worker.alive:
             return
         worker.alive = False
+        self._changed.set()
         lost = sorted(worker.live)
         for rid in lost:
             self._owner.pop(rid, None)
@@ -331,10 +459,7 @@ class RayEngineProxy(GenerationEngine):
         log.warning("generation worker %d (pid %d) %s: killed; its %d requests go to the fault path%s",
                     worker.index, worker.pid, why, len(lost),
                     ", a replacement starts" if self.cluster.restart_lost and self.on_lost is not None else "")
-        try:
-            ray.kill(worker.actor, no_restart=True)
-        except Exception:  # noqa: BLE001 - already gone
-            pass
+        self.actors.kill(worker.actor)
         if self.on_lost is None:
             self._out.put_nowait(RuntimeError(
                 f"generation worker {worker.index} (pid {worker.pid}) {why} holding {len(lost)} requests "
@@ -344,14 +469,19 @@ class RayEngineProxy(GenerationEngine):
         self._tasks.append(asyncio.get_running_loop().create_task(self._replace(worker.index, lost)))
 
     async def _replace(self, index: int, lost: list[str]) -> None:
-        """A replacement first (it loads the newest weights before it joins), then the fault path,
-        so that a one-worker cluster has a worker to resubmit to."""
+        """The fault path at once while another worker lives (it takes the resubmissions); else a
+        replacement first (it loads the newest weights before it joins), so that a one-worker
+        cluster has a worker to resubmit to."""
         try:
+            if lost and any(w.alive for w in self.workers):
+                self.on_lost(lost)
+                lost = []
             if self.cluster.restart_lost:
                 try:
                     await self._spawn(index)
                 finally:
                     self._replacing -= 1
+                    self._changed.set()
             if lost:
                 self.on_lost(lost)
         except asyncio.CancelledError:
@@ -360,70 +490,141 @@ class RayEngineProxy(GenerationEngine):
             self._out.put_nowait(error)
 
     async def stop(self) -> None:
-        import ray
-
+        """Stop the live workers (each within the deadline floor: stopping is quick, and a hung
+        worker is killed regardless), kill every worker, release the bundles."""
+        live = [w for w in self.workers if w.alive]
         for w in self.workers:
             w.alive = False
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for w in self.workers:
-            try:
-                await asyncio.wait_for(w.actor.stop.remote(), self.cluster.rpc_timeout_s)
-            except (ray.exceptions.RayActorError, asyncio.TimeoutError):
-                pass
-            ray.kill(w.actor)
-        if self._placement is not None:
-            ray.util.remove_placement_group(self._placement)
+
+        async def stop_one(w: _Worker) -> None:
+            if w in live:
+                try:
+                    await asyncio.wait_for(w.actor.stop.remote(),
+                                           min(self.deadlines.timeout_s("stop"), self.deadlines.floor_s))
+                except Exception:  # noqa: BLE001 - dead, hung or failing: it is killed below either way
+                    pass
+            self.actors.kill(w.actor)
+
+        await asyncio.gather(*(stop_one(w) for w in self.workers))  # one hung worker delays no other's stop
+        self.actors.release()
         self._out.put_nowait(END_OF_OUTPUTS)
 
-    async def _live_workers(self) -> list[_Worker]:
-        """The live workers; while none is but a replacement is starting, wait for it."""
+    async def _ready_workers(self) -> list[_Worker]:
+        """Where a new request may go: live workers that hold the newest returned weights (a
+        request's start barrier, runtime/outbox.py), preferring those not late. While none holds
+        them but one may (a push in flight, a replacement starting), wait."""
         while True:
             live = [w for w in self.workers if w.alive]
-            if live or not self._replacing:
-                return live
+            current = [w for w in live if w.version >= self._version]
+            fresh = [w for w in current if not self._late(w)]
+            if fresh or current or not (live or self._replacing):
+                return fresh or current
             await asyncio.sleep(self.poll_s / 5)
 
     async def submit(self, request: GenerationRequest) -> None:
+        """Route `request` to the least-loaded ready worker and send it without waiting for the
+        answer: a worker that stops answering never holds up the caller (the controller's lock).
+        Its answer is awaited in a task, against its own deadline; a refusal (a prompt longer than
+        the engine's context) ends the output stream with the worker's one-line error."""
         check_new_request_id(request.request_id, self._owner)
-        live = await self._live_workers()
-        if not live:
+        ready = await self._ready_workers()
+        if not ready:
             raise RuntimeError("cluster: no live generation worker")
-        by_index = {w.index: w for w in live}
-        worker = by_index[least_loaded({w.index: len(w.live) for w in live})]
+        by_index = {w.index: w for w in ready}
+        worker = by_index[least_loaded({w.index: len(w.live) for w in ready})]
         # Registered before the call: the worker's poll may return the request's last piece
         # before this call's answer does (a short request on an idle worker).
         worker.live.add(request.request_id)
         self._owner[request.request_id] = worker
         self._samples_left[request.request_id] = request.sampling.n
+        task = asyncio.get_running_loop().create_task(self._send(worker, "submit", request))
+        worker.submits[request.request_id] = task
+        task.add_done_callback(lambda _: worker.submits.pop(request.request_id, None))
+        self._tasks.append(task)
+
+    async def _send(self, worker: _Worker, kind: str, *args: Any) -> None:
+        """One call whose answer nobody waits for: a lost worker is already handled; any other
+        error goes to the output stream's owner."""
         try:
-            await self._call(worker, "submit", request)
+            await self._call(worker, kind, *args)
         except _WorkerLost:
-            pass  # lost with the worker's other requests: `_lose` handed it to the fault path
+            pass  # lost with the worker's other requests: `_lose` handed them to the fault path
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - the stream owner must see it
+            self._out.put_nowait(error)
 
     async def abort(self, request_id: str) -> None:
+        """Sent after the request's own submit was answered (an async actor may otherwise run
+        the abort first), in a task: the caller never waits on the worker."""
         worker = self._owner.get(request_id)
-        if worker is not None and worker.alive:
-            try:
-                await self._call(worker, "abort", request_id)
-            except _WorkerLost:
-                pass  # its requests, this one included, went to the fault path
+        if worker is None or not worker.alive:
+            return
+        submitted = worker.submits.get(request_id)
+
+        async def abort_after_submit() -> None:
+            if submitted is not None:
+                await asyncio.gather(submitted, return_exceptions=True)
+            if worker.alive:
+                await self._send(worker, "abort", request_id)
+
+        self._tasks.append(asyncio.get_running_loop().create_task(abort_after_submit()))
 
     async def update_weights(self, params: Any, version: int) -> None:
-        import ray
-
+        """Put the params once and push them to every live worker, each push against its own
+        deadline. Returns once every live worker holds `version`, or once one does and the others
+        had 3x its answer time (at least `late_floor_s`, 1 s) more: a stopped worker delays the
+        push by about a second, not by its deadline.
+        A worker still behind gets no new request until its push answers (`_ready_workers`),
+        and is lost if it misses the deadline."""
         if version < self._version:
             raise ValueError(f"update_weights: version={version} goes backwards (workers hold {self._version})")
-        ref = ray.put(params)
-        self._latest = (ref, version)
-        live = [w for w in self.workers if w.alive]
-        results = await asyncio.gather(*(self._call(w, "update_weights", ref, version) for w in live),
-                                       return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, _WorkerLost):
-                raise r  # a refused push (ValueError naming the leaf) from the first worker that refused
+        self._latest = (self.actors.put(params), version)
+        for w in self.workers:
+            if w.alive and not w.pushing:
+                self._tasks.append(asyncio.get_running_loop().create_task(self._push(w)))
+        t0, first_ack_s = time.monotonic(), None
+        while True:
+            if self._push_error is not None:
+                error, self._push_error = self._push_error, None
+                raise error  # a refused push (ValueError naming the leaf) from the first worker that refused
+            live = [w for w in self.workers if w.alive]
+            behind = [w for w in live if w.version < version]
+            if not behind or not live and not self._replacing:
+                break
+            if len(behind) < len(live):  # a worker holds it: wait for the others a while, not for ever
+                first_ack_s = time.monotonic() - t0 if first_ack_s is None else first_ack_s
+                if time.monotonic() - t0 > max(self.deadlines.late_floor_s, 3 * first_ack_s):
+                    break
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), self.poll_s / 5)
+            except asyncio.TimeoutError:
+                pass
         self._version = version
+
+    async def _push(self, worker: _Worker) -> None:
+        """Bring one worker to the newest pushed weights, one push at a time (an async actor may
+        run two pushes out of order)."""
+        worker.pushing = True
+        try:
+            while worker.alive and self._latest is not None and worker.version < self._latest[1]:
+                ref, version = self._latest
+                await self._call(worker, "update_weights", ref, version)
+                worker.version = version
+                self._changed.set()
+        except _WorkerLost:
+            pass
+        except asyncio.CancelledError:
+            raise
+        except BaseException as error:  # noqa: BLE001 - update_weights raises it
+            self._push_error = error
+            self._changed.set()
+        finally:
+            worker.pushing = False
 
     def outputs(self) -> AsyncIterator[SampleOutput]:
         return read_outputs(self._out)
@@ -433,12 +634,13 @@ class RayEngineProxy(GenerationEngine):
         return 0 if worker is None else worker.index
 
     async def stats(self) -> EngineStats:
+        """The live workers' latest polled stats, summed; no call to any worker (a stopped one
+        would hold up the caller). `version`: the oldest weights a live worker holds."""
         live = [w for w in self.workers if w.alive]
-        parts = await asyncio.gather(*(self._call(w, "stats") for w in live), return_exceptions=True)
-        parts = [p for p in parts if isinstance(p, EngineStats)]
+        parts = [w.stats for w in live if w.stats is not None]
         n = max(1, len(parts))
         return EngineStats(
             active_slots=sum(p.active_slots for p in parts), total_slots=sum(p.total_slots for p in parts),
             queued=sum(p.queued for p in parts), busy_fraction=sum(p.busy_fraction for p in parts) / n,
-            version=min((p.version for p in parts), default=self._version),
-            extra={"workers": len(parts), "pids": [w.pid for w in self.workers if w.alive]})
+            version=min((w.version for w in live), default=self._version),
+            extra={"workers": len(parts), "pids": [w.pid for w in live]})
