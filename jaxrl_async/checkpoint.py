@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from jaxrl_async.trees import TreeMismatch, check_like  # TreeMismatch: `restore` raises it, callers import it from here
@@ -237,9 +238,11 @@ class Checkpointer:
         self._unsealed.append(steps_done)
 
     def _seal(self) -> None:
-        """Wait for the save in progress, then write the manifest of every committed step."""
+        """Wait for the save in progress, then write the manifest of every committed step (process
+        0 only: in a multi-host job every process saves its shards into the same folders, and the
+        commit orbax waits for here spans them all)."""
         self._manager.wait_until_finished()
-        for step in self._unsealed:
+        for step in self._unsealed if jax.process_index() == 0 else ():
             folder = self.directory / str(step)
             if folder.is_dir():  # not yet removed by `keep`
                 write_manifest(folder)
