@@ -19,6 +19,16 @@ resume from — then every `every` steps, on a stop (SIGTERM, SIGINT) and at the
 (docs/fault_tolerance.md). A save interrupted by a kill leaves orbax's `*.orbax-checkpoint-tmp*`
 folder, never a finished-looking step; `latest_step` ignores it and the next manager removes it.
 
+Integrity: once a save has committed (orbax renamed its folder to the step's number), a manifest
+`checkpoints/N/manifest.json` records each of its files' size and CRC-32 (`write_manifest`;
+zlib.crc32 reads MB/s in the GBs, so checking a checkpoint costs a fraction of restoring it). It is
+written when the next save starts or at `wait` / `close` (orbax finishes one save before the next
+anyway), so a kill can leave the newest checkpoint without one. `damage(step)` compares the files
+with it before a restore — a truncated, rewritten or missing file is named in one line — and a
+checkpoint without a manifest (killed before it was written, or saved before manifests existed) is
+unverified: its restore decides. A restore that fails for any reason but a tree mismatch raises
+`CheckpointDamaged` naming the item; job/resume.py then falls back to the next older checkpoint.
+
 Restoring reads `meta` first (`read_meta`: the entry point checks the run's settings before any
 array is touched), then checks the checkpoint's array tree against the current trainer's — path, shape, dtype
 (`jaxrl_async.trees.check_like`) — and names the first mismatch in one line (`TreeMismatch`)
@@ -33,19 +43,25 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 import re
+import shutil
 import sys
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jax
 import orbax.checkpoint as ocp
 
 from jaxrl_async.trees import TreeMismatch, check_like  # TreeMismatch: `restore` raises it, callers import it from here
 
 CHECKPOINT_DIR = "checkpoints"
+MANIFEST_FILE = "manifest.json"  # in each step's folder: {relative path: [bytes, crc32]}
+DAMAGED_SUFFIX = ".damaged"  # a damaged checkpoint set aside by a resume: `N.damaged`, ignored by orbax
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +115,66 @@ def _drop_abandoned_disk_writes(report_unraisable: Callable[[Any], None]) -> Cal
 sys.unraisablehook = _drop_abandoned_disk_writes(sys.unraisablehook)
 
 
+class CheckpointDamaged(ValueError):
+    """A checkpoint that fails its manifest or its restore: `what` names the file (or item) and
+    the fault, in one line."""
+
+    def __init__(self, step: int, what: str) -> None:
+        super().__init__(f"{CHECKPOINT_DIR}/{step} is damaged ({what})")
+        self.step, self.what = step, what
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(1 << 22):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE)
+
+
+def write_manifest(folder: Path) -> None:
+    """Record every file of a committed checkpoint folder (size, CRC-32), atomically: a kill
+    mid-write leaves no manifest (unverified), never a wrong one."""
+    manifest = {str(p.relative_to(folder)): [p.stat().st_size, _crc32(p)] for p in _files(folder)}
+    tmp = folder / f"{MANIFEST_FILE}.tmp"
+    tmp.write_text(json.dumps(manifest, sort_keys=True))
+    os.replace(tmp, folder / MANIFEST_FILE)
+
+
+def manifest_damage(folder: Path) -> str | None:
+    """"<file>: <what>" for the first file of `folder` that differs from its manifest (missing,
+    another size, another checksum), or for an unreadable manifest; None when every file matches
+    or when there is no manifest (unverified: the restore decides)."""
+    path = folder / MANIFEST_FILE
+    if not path.exists():
+        return None
+    try:
+        manifest = json.loads(path.read_text())
+        entries = [(name, int(size), int(crc)) for name, (size, crc) in manifest.items()]
+    except (ValueError, TypeError, AttributeError, UnicodeDecodeError) as e:
+        return f"{MANIFEST_FILE}: unreadable ({type(e).__name__})"
+    for name, size, crc in entries:
+        file = folder / name
+        if not file.is_file():
+            return f"{name}: missing"
+        actual = file.stat().st_size
+        if actual != size:
+            return f"{name}: {actual} bytes, the manifest recorded {size}"
+        if _crc32(file) != crc:
+            return f"{name}: checksum differs from the manifest"
+    return None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    line = text[0] if text else ""
+    return f"{type(error).__name__}: {line[:160]}" if line else type(error).__name__
+
+
 class Checkpointer:
     def __init__(self, run_dir: str | Path, *, keep: int = 2, every: int = 0) -> None:
         if keep < 1:
@@ -108,6 +184,7 @@ class Checkpointer:
         self.directory = Path(run_dir).absolute() / CHECKPOINT_DIR
         self.every = every
         self._failed = False  # a save failed: reported once, `close` does not raise it again
+        self._unsealed: list[int] = []  # saved steps whose manifest is not written yet
         options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True, create=True,
                                                cleanup_tmp_directories=True)
         with self._disk_errors():
@@ -146,6 +223,7 @@ class Checkpointer:
         at the same step boundary; what was admitted in between is redone by the resume, which
         cuts the ledger back to the kept snapshot's length."""
         with self._disk_errors():
+            self._seal()  # orbax finishes the previous save before starting this one anyway
             if steps_done in self._manager.all_steps():
                 log.info("checkpoint of step %d already saved: kept", steps_done)
                 return
@@ -157,6 +235,39 @@ class Checkpointer:
                 args=ocp.args.Composite(trainer=ocp.args.StandardSave(arrays), meta=ocp.args.JsonSave(meta)),
                 force=True,
             )
+        self._unsealed.append(steps_done)
+
+    def _seal(self) -> None:
+        """Wait for the save in progress, then write the manifest of every committed step (process
+        0 only: in a multi-host job every process saves its shards into the same folders, and the
+        commit orbax waits for here spans them all)."""
+        self._manager.wait_until_finished()
+        for step in self._unsealed if jax.process_index() == 0 else ():
+            folder = self.directory / str(step)
+            if folder.is_dir():  # not yet removed by `keep`
+                write_manifest(folder)
+        self._unsealed = []
+
+    def all_steps(self) -> list[int]:
+        """The finished checkpoints' steps, newest first."""
+        with self._disk_errors():
+            return sorted(self._manager.all_steps(), reverse=True)
+
+    def damage(self, step: int) -> str | None:
+        """"<file>: <what>" when `step`'s files differ from its manifest; None when they match or
+        it has none (`manifest_damage`)."""
+        return manifest_damage(self.directory / str(step))
+
+    def set_aside(self, step: int) -> Path:
+        """Rename a damaged checkpoint to `N.damaged` (kept for a look; orbax no longer lists it,
+        so the resumed run saves step N afresh instead of keeping the damaged one)."""
+        target = self.directory / f"{step}{DAMAGED_SUFFIX}"
+        with self._disk_errors():
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(self.directory / str(step), target)
+            self._manager.reload()
+        return target
 
     def latest_step(self) -> int | None:
         with self._disk_errors():
@@ -171,9 +282,23 @@ class Checkpointer:
     def read_meta(self, step: int | None = None) -> dict[str, Any]:
         """The JSON meta of `step` (default: the newest), without reading any array."""
         step = self._step(step)
-        with self._disk_errors():
+        with self._damaged(step, "meta"):
             restored = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
-        return dict(restored["meta"])
+            meta = restored["meta"]
+            if not isinstance(meta, dict):
+                raise ValueError(f"not a JSON object: {type(meta).__name__}")
+        return dict(meta)
+
+    @contextlib.contextmanager
+    def _damaged(self, step: int, item: str) -> Iterator[None]:
+        """Any failure to read `step` (orbax's, tensorstore's, a missing or garbled file) is one
+        `CheckpointDamaged` line naming the item: the resume falls back to an older checkpoint."""
+        try:
+            yield
+        except TreeMismatch:
+            raise
+        except Exception as e:  # noqa: BLE001 - whatever a damaged file makes orbax raise
+            raise CheckpointDamaged(step, f"{item}: {_first_line(e)}") from None
 
     def restore(self, trainer_template: dict[str, Any], step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """(trainer state for `Trainer.load_state_dict`, meta) of `step` (default: the newest).
@@ -181,20 +306,21 @@ class Checkpointer:
         (re-exported here: the entry point catches it to name the model source)."""
         step = self._step(step)
         template = {k: v for k, v in trainer_template.items() if k != "version"}
-        with self._disk_errors():
+        with self._damaged(step, "trainer"):
             saved = self._manager.item_metadata(step)["trainer"]
         check_like(template, getattr(saved, "tree", saved), "the checkpoint")
-        with self._disk_errors():
+        with self._damaged(step, "trainer"):
             restored = self._manager.restore(
                 step,
                 args=ocp.args.Composite(trainer=ocp.args.StandardRestore(template), meta=ocp.args.JsonRestore()),
             )
-        meta = dict(restored["meta"])
-        return {**restored["trainer"], "version": meta["trainer_version"]}, meta
+            meta = dict(restored["meta"])
+            version = int(meta["trainer_version"])
+        return {**restored["trainer"], "version": version}, meta
 
     def wait(self) -> None:
         with self._disk_errors():
-            self._manager.wait_until_finished()
+            self._seal()
 
     def close(self) -> None:
         """Wait for the last save and release orbax's threads. A failed save raises once: when it

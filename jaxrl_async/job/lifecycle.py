@@ -4,6 +4,9 @@ follows, and what SIGTERM / SIGINT mean on the way.
 - **Start**: refuse a `resume=PATH` that holds no run (before anything is written), join a
   multi-host JAX job (before the first JAX use), take the run directory's lock (process 0),
   decide whether the run resumes (job/resume.py), build the components (job/build.py).
+- **Finished on disk**: a run killed after its final checkpoint (at `steps`) resumes with the
+  same `steps=` into its end alone — no controller, no step trained — so that its export, audit
+  and summary.json are written (job/resume.py `finished`).
 - **Lead / follow**: process 0 runs the controller; every other process follows its collective
   calls until it says stop (jaxrl_async/cluster/lockstep.py); a signal there only says so.
 - **Signals**: the first SIGTERM / SIGINT stops the run at the next step boundary with a
@@ -30,10 +33,10 @@ from jaxrl_async.cluster.distributed import initialize_distributed
 from jaxrl_async.cluster.lockstep import follow
 from jaxrl_async.job.build import Components, build_components
 from jaxrl_async.job.report import export_hf, placement_summary, write_summary
-from jaxrl_async.job.resume import check_resume_target, start_resuming
+from jaxrl_async.job.resume import check_resume_target, finished, start_resuming
 from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.run_dir import RunDirLock
-from jaxrl_async.runtime.controller import Controller
+from jaxrl_async.runtime.controller import Controller, RunResult
 
 log = logging.getLogger(__name__)
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -146,10 +149,22 @@ class TrainJob:
         log.warning("%s: stopping at the next step boundary with a checkpoint (%s again exits at once)", name, name)
         self.controller.request_stop()
 
+    def _trained_already(self) -> RunResult | None:
+        """The result of a run whose restored checkpoint is its final one (killed after that save):
+        the totals saved with it; nothing is left to train."""
+        meta = self.parts.meta
+        if meta is None or not finished(meta, self.setup.run.steps):
+            return None
+        log.warning("resume: the run trained all %d steps before it stopped; writing its export and summary",
+                    self.setup.run.steps)
+        stats = self.controller.stats
+        return RunResult(self.controller.step, True, stats, stats.elapsed_s, stats.trainer_busy_s,
+                         stats.generator_busy_s)
+
     def _lead(self) -> dict[str, Any]:
         parts, controller = self.parts, self.controller
         try:
-            result = asyncio.run(self._run())
+            result = self._trained_already() or asyncio.run(self._run())
         finally:
             controller.ledger.close()
             controller.trace.close()

@@ -5,9 +5,15 @@
 
 - `resume=PATH` where PATH holds no run (no run file, no lock): a one-line error before anything
   is created — a typo must not train a fresh run somewhere new and exit 0.
-- a run with a checkpoint: continue from its newest one; `check_compatible` compares the saved
-  settings (`run_meta`) with today's, refusing what would make the saved state meaningless and
-  warning about the rest, and `restore` loads the trainer state and cuts the logs back to it.
+- a run with a checkpoint: continue from its newest one that is whole; `check_compatible` compares
+  the saved settings (`run_meta`) with today's, refusing what would make the saved state
+  meaningless and warning about the rest, and `restore` loads the trainer state and cuts the logs
+  back to it. A checkpoint that fails its manifest or its restore (`CheckpointDamaged`) is one
+  warning line and the next older one is tried; the damaged ones are set aside as `N.damaged`
+  (so the resumed run saves step N afresh); none whole is one error line naming each. Nothing is
+  loaded until one checkpoint has restored whole: never params of one step with the state of another.
+- a run whose checkpoint is at `steps` (killed after its final save, before its export and
+  summary): `finished` is true, and the job writes them without training (job/lifecycle.py).
 - a run without a checkpoint (killed before its first save): start afresh, its files set aside
   in `RUN_DIR/attempts/N/` (jaxrl_async/run_dir.py), with a warning naming them.
 - `resume=true` on a directory with no run yet: start a fresh run there, and say so.
@@ -23,7 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from jaxrl_async.checkpoint import Checkpointer, TreeMismatch, truncate
+from jaxrl_async.checkpoint import CHECKPOINT_DIR, CheckpointDamaged, Checkpointer, TreeMismatch, truncate
 from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.run_dir import LOCK_FILE, RUN_FILES, set_aside
 from jaxrl_async.runtime.metrics import METRICS_FILE
@@ -88,23 +94,47 @@ def start_resuming(run_dir: Path, resume: bool | str | None, *, leader: bool) ->
 
 def restore(checkpointer: Checkpointer, trainer: Trainer, setup: TrainSetup, task: Task, run_dir: Path, *,
             leader: bool) -> dict[str, Any]:
-    """Check the checkpoint against today's settings, load every process's shards of the trainer
-    state, and (the leader) cut the logs back to it; returns the checkpoint's meta."""
-    changes = check_compatible(checkpointer.read_meta(), run_meta(setup, task))
-    if changes and leader:
-        log.warning("resume: settings changed since the checkpoint: %s", "; ".join(changes))
-    try:
-        trainer_state, meta = checkpointer.restore(trainer.state_dict())
-    except TreeMismatch as e:
-        raise ValueError(f"resume: model.source={setup.model.source!r} does not fit the checkpoint: {e}; "
-                         "resume with the checkpointed run's model") from None
+    """Check the newest whole checkpoint against today's settings, load every process's shards of
+    the trainer state, and (the leader) cut the logs back to it; returns the checkpoint's meta.
+    Damaged checkpoints newer than it are warned about in one line each and set aside."""
+    now = run_meta(setup, task)
+    damaged: list[CheckpointDamaged] = []
+    for step in checkpointer.all_steps():
+        try:
+            found = checkpointer.damage(step)
+            if found is not None:
+                raise CheckpointDamaged(step, found)
+            changes = check_compatible(checkpointer.read_meta(step), now)
+            trainer_state, meta = checkpointer.restore(trainer.state_dict(), step)
+        except CheckpointDamaged as e:
+            damaged.append(e)
+            continue
+        except TreeMismatch as e:
+            raise ValueError(f"resume: model.source={setup.model.source!r} does not fit the checkpoint: {e}; "
+                             "resume with the checkpointed run's model") from None
+        break
+    else:
+        what = "; ".join(str(e) for e in damaged) if damaged else f"no checkpoint in {checkpointer.directory}"
+        raise ValueError(f"resume: {what}; no checkpoint restores (start afresh in another hydra.run.dir)")
+    # Only now, with one checkpoint read whole, is anything loaded or cut back.
     trainer.load_state_dict(trainer_state)
     if leader:
+        for e in damaged:
+            log.warning("%s; resuming from %s/%d", e, CHECKPOINT_DIR, step)
+            checkpointer.set_aside(e.step)
+        if changes:
+            log.warning("resume: settings changed since the checkpoint: %s", "; ".join(changes))
         truncate(run_dir / LEDGER_FILE, meta["ledger_bytes"])
         truncate(run_dir / METRICS_FILE, meta["metrics_bytes"])
         if meta.get("trace_bytes") is not None:  # older checkpoints: no trace
             truncate(run_dir / TRACE_FILE, meta["trace_bytes"])
     return meta
+
+
+def finished(meta: Mapping[str, Any], steps: int) -> bool:
+    """Whether the restored checkpoint is the run's final one (all `steps` trained): the run was
+    killed after its final save, and only its export and summary are left to do."""
+    return meta["step"] >= steps
 
 
 def run_meta(setup: TrainSetup, task: Task) -> dict[str, Any]:
@@ -131,9 +161,10 @@ def check_compatible(meta: Mapping[str, Any], now: Mapping[str, Any]) -> list[st
     saved = meta["run"]
     for key in REFUSED_CHANGES:
         if key == "steps":
-            if meta["step"] >= now["steps"]:
+            # Equal: killed after its final save; the resume only exports and reports (`finished`).
+            if meta["step"] > now["steps"]:
                 raise ValueError(f"resume: steps={now['steps']} but the checkpointed run has trained {meta['step']} "
-                                 "steps; pass a larger steps= to train on")
+                                 f"steps; pass steps={meta['step']} to finish it or a larger steps= to train on")
         elif key in saved and saved[key] != now[key]:
             what = "the task's data (task.*) differs from" if key == "task_data" else f"{key}={now[key]!r} but"
             had = "the checkpointed run's" if key == "task_data" else f"the checkpointed run has {key}={saved[key]!r}"

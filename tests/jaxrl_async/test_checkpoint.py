@@ -11,7 +11,9 @@ import jax
 import numpy as np
 import pytest
 
-from jaxrl_async.checkpoint import Checkpointer, truncate
+import shutil
+
+from jaxrl_async.checkpoint import MANIFEST_FILE, CheckpointDamaged, Checkpointer, truncate
 from jaxrl_async.models.loading import load_model
 from jaxrl_async.trainer.batch import pad_batch
 from jaxrl_async.trainer.config import TrainerConfig
@@ -177,6 +179,96 @@ def test_a_checkpoint_of_another_model_names_the_first_differing_array(tmp_path)
         Checkpointer(tmp_path).restore(other.state_dict())
 
 
+# ------------------------------------------------------------------ damaged checkpoints
+@pytest.fixture(scope="module")
+def two_checkpoints(tmp_path_factory):
+    """Checkpoints of steps 1 and 2 (manifests written) and the trainer that saved them."""
+    folder = tmp_path_factory.mktemp("saved")
+    trainer = trained_trainer(1)
+    ckpt = Checkpointer(folder)
+    ckpt.save(1, trainer.state_dict(), {"step": 1})
+    ckpt.save(2, trainer.state_dict(), {"step": 2})
+    ckpt.close()
+    return folder, trainer
+
+
+def copy_of(two_checkpoints, tmp_path):
+    shutil.copytree(two_checkpoints[0], tmp_path / "run")
+    return tmp_path / "run", Checkpointer(tmp_path / "run")
+
+
+def largest_data_file(step_dir):
+    return max((p for p in (step_dir / "trainer").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+
+
+def test_every_finished_save_has_a_manifest_its_files_match(two_checkpoints, tmp_path):
+    run, ckpt = copy_of(two_checkpoints, tmp_path)
+    assert ckpt.all_steps() == [2, 1]
+    assert all((run / "checkpoints" / str(s) / MANIFEST_FILE).exists() for s in (1, 2))
+    assert ckpt.damage(2) is None and ckpt.damage(1) is None
+
+
+def test_a_truncated_data_file_is_named_by_the_manifest_check(two_checkpoints, tmp_path):
+    run, ckpt = copy_of(two_checkpoints, tmp_path)
+    data = largest_data_file(run / "checkpoints" / "2")
+    size = data.stat().st_size
+    assert size > 1000  # the arrays' file, not a small index
+    os.truncate(data, size // 2)
+    name = str(data.relative_to(run / "checkpoints" / "2"))
+    assert ckpt.damage(2) == f"{name}: {size // 2} bytes, the manifest recorded {size}"
+    assert ckpt.damage(1) is None
+
+
+def test_a_garbage_meta_of_the_same_size_fails_the_checksum(two_checkpoints, tmp_path):
+    run, ckpt = copy_of(two_checkpoints, tmp_path)
+    meta = run / "checkpoints" / "2" / "meta" / "metadata"
+    meta.write_bytes(b"\x00" * meta.stat().st_size)
+    assert ckpt.damage(2) == "meta/metadata: checksum differs from the manifest"
+
+
+def test_a_missing_file_is_named(two_checkpoints, tmp_path):
+    run, ckpt = copy_of(two_checkpoints, tmp_path)
+    data = largest_data_file(run / "checkpoints" / "2")
+    data.unlink()
+    assert ckpt.damage(2) == f"{data.relative_to(run / 'checkpoints' / '2')}: missing"
+
+
+def test_a_checkpoint_without_a_manifest_is_unverified_and_still_restores(two_checkpoints, tmp_path):
+    run, ckpt = copy_of(two_checkpoints, tmp_path)  # as saved before manifests existed
+    (run / "checkpoints" / "2" / MANIFEST_FILE).unlink()
+    assert ckpt.damage(2) is None
+    state, meta = ckpt.restore(two_checkpoints[1].state_dict(), 2)
+    assert meta == {"step": 2, "trainer_version": 1} and state["version"] == 1
+
+
+def test_a_damaged_checkpoint_without_a_manifest_fails_its_restore_in_one_line(two_checkpoints, tmp_path):
+    run, ckpt = copy_of(two_checkpoints, tmp_path)
+    step_dir = run / "checkpoints" / "2"
+    (step_dir / MANIFEST_FILE).unlink()
+    (step_dir / "meta" / "metadata").write_text("{not json")
+    with pytest.raises(CheckpointDamaged) as info:
+        ckpt.read_meta(2)
+    assert str(info.value).startswith("checkpoints/2 is damaged (meta: ") and "\n" not in str(info.value)
+    data = largest_data_file(step_dir)
+    os.truncate(data, data.stat().st_size // 2)
+    with pytest.raises(CheckpointDamaged) as info:
+        ckpt.restore(two_checkpoints[1].state_dict(), 2)
+    assert str(info.value).startswith("checkpoints/2 is damaged (trainer: ") and "\n" not in str(info.value)
+    assert ckpt.restore(two_checkpoints[1].state_dict(), 1)[1]["step"] == 1  # the older one is whole
+
+
+def test_a_damaged_checkpoint_set_aside_is_no_longer_listed_and_its_step_saves_afresh(two_checkpoints, tmp_path):
+    run, ckpt = copy_of(two_checkpoints, tmp_path)
+    os.truncate(largest_data_file(run / "checkpoints" / "2"), 10)
+    assert ckpt.set_aside(2) == run / "checkpoints" / "2.damaged"
+    assert ckpt.all_steps() == [1]
+    ckpt.save(2, two_checkpoints[1].state_dict(), {"step": 2})  # not "already saved: kept"
+    ckpt.close()
+    again = Checkpointer(run)
+    assert again.all_steps() == [2, 1] and again.damage(2) is None
+    assert again.restore(two_checkpoints[1].state_dict(), 2)[1]["step"] == 2
+
+
 def test_resume_without_a_checkpoint_is_a_one_line_error(tmp_path):
     with pytest.raises(ValueError, match="resume: no checkpoint in"):
         Checkpointer(tmp_path).restore(trained_trainer(0).state_dict())
@@ -240,6 +332,7 @@ def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit
     assert Counter(g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]) == Counter(range(2 * steps))
     assert second["groups_admitted"] == 2 * steps
     assert [m["step"] for m in read_jsonl(tmp_path / "metrics.jsonl")] == list(range(steps))
-    # The run is complete: resuming it again has nothing to train.
-    with pytest.raises(ValueError, match=f"has trained {steps} steps; pass a larger steps="):
-        make_job(tmp_path, common + ["resume=true"])
+    # Fewer steps than the checkpoint holds: refused.
+    with pytest.raises(ValueError, match=f"steps={steps - 1} but the checkpointed run has trained {steps} steps; "
+                                         f"pass steps={steps} to finish it or a larger steps= to train on"):
+        make_job(tmp_path, [*common[1:], f"steps={steps - 1}", "resume=true"])

@@ -78,3 +78,14 @@ def test_a_fresh_run_on_a_directory_that_holds_a_ledger_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"^hydra.run.dir=\S+: already holds a run; pass resume=true"):
         start_resuming(run_dir, None, leader=True)
     assert start_resuming(tmp_path / "other", False, leader=True) is False
+
+
+def test_a_checkpoint_at_steps_is_finished_and_resumes_while_one_past_steps_is_refused():
+    from jaxrl_async.job.resume import check_compatible, finished
+
+    final = {"run": {"seed": 0}, "step": 30}
+    assert check_compatible(final, {"seed": 0, "steps": 30}) == [] and finished(final, 30)
+    assert not finished(final, 40)
+    with pytest.raises(ValueError, match="^resume: steps=20 but the checkpointed run has trained 30 steps; "
+                                         "pass steps=30 to finish it or a larger steps= to train on$"):
+        check_compatible(final, {"seed": 0, "steps": 20})
