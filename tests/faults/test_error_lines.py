@@ -154,7 +154,7 @@ def test_one_killed_process_of_a_2_process_job_leaves_the_survivor_silent_and_en
     run_dir = tmp_path / "job"
     env = {**ENV, "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launch", "multiprocess", "--nproc", "2", "--port", str(_free_port()), "--grace-s", "20",
+        [sys.executable, "-m", "launch", "multiprocess", "--nproc", "2", "--port", str(_free_port()), "--grace-s", "5",
          *SMALL, "max_staleness=0", "steps=200", "trainer.mesh.data=2", f"hydra.run.dir={run_dir}"],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + 240
@@ -169,7 +169,7 @@ def test_one_killed_process_of_a_2_process_job_leaves_the_survivor_silent_and_en
     os.kill(victim, signal.SIGKILL)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 137
-    assert time.monotonic() - killed_at < 30
+    assert time.monotonic() - killed_at < 25  # at worst the launcher's grace (5 s) after its SIGTERM
     lines = err.splitlines()
     assert len(lines) <= 2 and "Traceback" not in err, err[-3000:]
     # "; stopping the other 1" unless the survivor had already ended by itself.
