@@ -5,6 +5,9 @@ processes writing one of them interleave their lines and break both runs' proofs
 of a run takes an exclusive `fcntl.flock` on `run_dir/run.lock` before it touches anything and
 holds it until the run ends; the kernel releases it when the process dies, however it dies (a
 SIGKILL leaves no stale lock). The file keeps the owner's pid and host for the refusal message.
+`check_free` asks the same question without taking the lock or creating the file, so that the
+command can refuse a second run before Hydra writes its `.hydra/` files into the first run's
+directory (planner/tools/entry.py `Command.check_run_dir`).
 
 A resume asked for when the run never saved a checkpoint (killed before its first save) starts
 afresh: `set_aside` moves the earlier attempt's files into `run_dir/attempts/N/` (N = 1, 2, ...)
@@ -39,15 +42,35 @@ class RunDirLock:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            fh.seek(0)
-            owner = fh.read().strip() or "a process that has not written its pid yet"
             fh.close()
-            raise ValueError(f"hydra.run.dir={self.path.parent}: in use by another run ({owner}); wait for it to "
-                             "end or choose another hydra.run.dir") from None
+            raise self._in_use() from None
         fh.truncate(0)
         fh.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
         fh.flush()
         self._fh = fh
+
+    def check_free(self) -> None:
+        """The ValueError of `acquire` when another process holds the lock now; writes nothing (a
+        directory without the file is free)."""
+        try:
+            fh = open(self.path, encoding="utf-8")
+        except FileNotFoundError:
+            return
+        with fh:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise self._in_use() from None
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+    def _in_use(self) -> ValueError:
+        try:
+            owner = self.path.read_text(encoding="utf-8").strip()
+        except OSError:
+            owner = ""
+        return ValueError(f"hydra.run.dir={self.path.parent}: in use by another run "
+                          f"({owner or 'a process that has not written its pid yet'}); wait for it to end or "
+                          "choose another hydra.run.dir")
 
     def release(self) -> None:
         if self._fh is not None:

@@ -20,7 +20,9 @@ Running the commands (not `--dry-run`), the launcher supervises them as one job:
 Ctrl-C goes to process 0, which checkpoints and then tells the others to stop
 (jaxrl_async/cluster/lockstep.py); when any process exits with an error, the others get SIGTERM,
 then SIGKILL after `--grace-s` seconds, and the launcher exits with that error's status — a dead
-process ends the job instead of leaving the rest waiting in a collective.
+process ends the job instead of leaving the rest waiting in a collective. The others' lines after
+that (their view of the dead peer: 20-65 lines of Gloo and coordination-service errors) are kept
+out of the terminal and counted (launch/relay.py).
 
 To add a target: write `_<name>(args, overrides) -> list[Command]` and add it to `TARGETS`.
 """
@@ -38,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launch.relay import StderrRelay
 from planner.tools.entry import ArgumentParser, fail, nearest
 
 TRAIN = ["python", "-m", "jaxrl_async.train"]
@@ -165,6 +168,8 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, poll_s: float = 0.2
             return 0
         rc = procs[failed].returncode
         alive = [p for p in procs if p.poll() is None]
+        if not alive and len(procs) > 1:  # the others ended by themselves: say which one failed first
+            print(f"launch: process {failed} exited with status {rc}", file=sys.stderr)
         if alive:
             print(f"launch: process {failed} exited with status {rc}; stopping the other {len(alive)}",
                   file=sys.stderr)
@@ -192,6 +197,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for cmd in cmds:
             print(cmd.render())
         return 0
+    several = len(cmds) > 1  # one job of several processes: their stderr through StderrRelay
     procs = [subprocess.Popen([sys.executable if c.argv[0] == "python" else c.argv[0], *c.argv[1:]],
-                              env={**os.environ, **c.env}, cwd=REPO) for c in cmds]
-    return supervise(procs, args.grace_s)
+                              env={**os.environ, **c.env}, cwd=REPO, stderr=subprocess.PIPE if several else None)
+             for c in cmds]
+    relay = StderrRelay(procs, _run_dir(cmds[0].argv)) if several else None
+    status = supervise(procs, args.grace_s)
+    for line in relay.summary() if relay is not None else []:
+        print(line, file=sys.stderr)
+    return status
+
+
+def _run_dir(argv: Sequence[str]) -> Path | None:
+    """The `hydra.run.dir` of a command line (relative to the repository, where it runs)."""
+    given = [a.split("=", 1)[1] for a in argv if a.startswith("hydra.run.dir=")]
+    return REPO / given[-1] if given else None

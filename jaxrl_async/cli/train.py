@@ -40,10 +40,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from omegaconf import DictConfig
 
 from jaxrl_async.cli.help import CONF_DIR, help_spec
+from jaxrl_async.cli.interrupt import INTERRUPTED, STATUS, exit_on_interrupt
 from planner.tools.entry import Command, hydra_main
 
 # The job's modules import JAX: they are imported where the run starts, so that `--help` (answered
@@ -81,10 +83,9 @@ def _main(cfg: DictConfig) -> None:
     except OSError as e:  # a disk that fails outside a checkpoint (the ledger, metrics): names the file
         print(f"error: {e}", file=sys.stderr)
         sys.exit(1)
-    except KeyboardInterrupt:  # Ctrl-C outside the training loop (start-up, export, audit)
-        print("error: interrupted outside the training loop; the newest checkpoint in the run dir, if any, "
-              "is the resume point", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop when `main` is called without `run`
+        print(INTERRUPTED, file=sys.stderr)
+        sys.exit(STATUS)
     if out is None:  # a follower process: process 0 reports the run
         return
     print(final_report(out, job.run_dir / "metrics.jsonl"))
@@ -97,7 +98,7 @@ def main(before_run: Callable[[], None] | None = None) -> None:
     """`before_run`: called once the command line is no `--help` (the compilation cache)."""
     # register: the dataclass defaults every conf/ file starts from; typed: bad input fails before Hydra's run dir
     command = Command(CONF_DIR, "train", help_spec("python -m jaxrl_async.train", "one async RL run (docs/design.md §5, §8)"),
-                      _register_config_nodes, _typed)
+                      _register_config_nodes, _typed, _check_run_dir)
     hydra_main(command, _main, before_run=before_run)
 
 
@@ -113,6 +114,25 @@ def _typed(cfg: DictConfig, _overrides: list[str]):
     return typed_config(cfg)
 
 
+def _check_run_dir(setup, hydra_dir: Path) -> None:
+    """Refuse, before Hydra writes `.hydra/` into it, a run directory another run owns: one whose
+    lock a live run holds (jaxrl_async/run_dir.py), or one that holds a run and no resume was
+    asked for, or a `resume=PATH` without a run (job/resume.py). TrainJob checks again (a run
+    can start in between); these only move the refusal before Hydra's writes."""
+    from jaxrl_async.cluster.distributed import resolve
+    from jaxrl_async.job.resume import check_resume_target, run_dir_for, start_resuming
+    from jaxrl_async.run_dir import RunDirLock
+
+    run_dir = run_dir_for(setup, hydra_dir).absolute()
+    check_resume_target(run_dir, setup.run.resume)
+    init = resolve(setup.cluster.distributed, os.environ)
+    if init is not None and init.process_id != 0:
+        return  # a follower: process 0 owns the directory, its lock and its refusal
+    RunDirLock(run_dir).check_free()
+    if not setup.run.resume:
+        start_resuming(run_dir, setup.run.resume, leader=True)  # the refusal only (writes nothing)
+
+
 def _compilation_cache() -> None:
     from jaxrl_async.compilation_cache import enable_compilation_cache
 
@@ -120,9 +140,11 @@ def _compilation_cache() -> None:
 
 
 def run() -> None:
-    """`python -m` entry (this module's and the jaxrl_async/train.py shim's): the on-disk
-    compilation cache (after the `--help` check), then `main`. Library code and tests call `main`
-    and never turn it on."""
+    """`python -m` entry (this module's and the jaxrl_async/train.py shim's): Ctrl-C outside the
+    training loop as one line and exit status 130 (cli/interrupt.py), the on-disk compilation
+    cache (after the `--help` check), then `main`. Library code and tests call `main` and turn
+    neither on."""
+    exit_on_interrupt()
     main(before_run=_compilation_cache)
 
 

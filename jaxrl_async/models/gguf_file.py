@@ -9,6 +9,10 @@ architecture, add it to `_ARCHS` and its tensor names to `_TENSOR_NAMES`.
 A truncated file (an interrupted download) is a one-line ValueError naming the file and what is
 cut: the metadata, or the first tensor whose data runs past the end (`_CheckedReader`); the
 `gguf` reader alone fails inside numpy (an IndexError or a reshape error naming no tensor).
+A file without a key the model or its tokenizer cannot do without (`REQUIRED_KEYS`, the
+vocabulary `tokenizer.ggml.tokens`) is a `GGUFMissingKey` naming the file and the key, before any
+tensor is read: without the check a missing vocabulary is a KeyError inside the tokenizer and a
+missing `block_count` a `ModelConfig.num_layers=None` that names neither.
 """
 
 from __future__ import annotations
@@ -43,6 +47,17 @@ _TOP_NAMES = {
     "output_norm.weight": "model.norm.weight",
     "output.weight": "lm_head.weight",
 }
+# `{arch}.<key>` that every architecture's file must carry (the rest have defaults).
+REQUIRED_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
+TOKENS_KEY = "tokenizer.ggml.tokens"
+
+
+class GGUFMissingKey(ValueError):
+    """A GGUF file whose metadata lacks `key`: `<path>: no <key> in the GGUF metadata`."""
+
+    def __init__(self, path: str | Path, key: str) -> None:
+        super().__init__(f"{path}: no {key} in the GGUF metadata")
+        self.path, self.key = str(path), key
 
 
 class _CheckedReader(gguf.GGUFReader):
@@ -95,12 +110,16 @@ def read_fields(reader: gguf.GGUFReader) -> dict[str, Any]:
     return {key: field.contents() for key, field in reader.fields.items()}
 
 
-def hf_config(fields: dict[str, Any], tensor_names: set[str]) -> dict:
-    """The HF config.json dict the GGUF metadata describes."""
+def hf_config(fields: dict[str, Any], tensor_names: set[str], path: str | Path = "GGUF file") -> dict:
+    """The HF config.json dict the GGUF metadata describes; `GGUFMissingKey` for a required key
+    (`REQUIRED_KEYS`, `tokenizer.ggml.tokens`) that `fields` lacks."""
     arch = fields.get("general.architecture")
     if arch not in _ARCHS:
         raise ValueError(f"unsupported GGUF architecture general.architecture={arch!r}; "
                          f"supported are {sorted(_ARCHS)}")
+    for key in (*(f"{arch}.{k}" for k in REQUIRED_KEYS), TOKENS_KEY):
+        if fields.get(key) is None:
+            raise GGUFMissingKey(path, key)
 
     def get(key: str, default: Any = None) -> Any:
         return fields.get(f"{arch}.{key}", default)
@@ -156,7 +175,7 @@ def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray], dict[str, 
     """(HF config dict, HF-named float32 tensors, metadata fields) of a GGUF file."""
     reader = _CheckedReader(path)
     fields = read_fields(reader)
-    config = hf_config(fields, {t.name for t in reader.tensors})
+    config = hf_config(fields, {t.name for t in reader.tensors}, path)
     tensors = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)

@@ -17,7 +17,7 @@ from pathlib import Path
 from flax import nnx
 
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.gguf_file import read_gguf
+from jaxrl_async.models.gguf_file import GGUFMissingKey, read_gguf
 from jaxrl_async.models.hf_weights import load_hf_state_dict, read_safetensors
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.tokenizer import Tokenizer, tiny_tokenizer
@@ -111,6 +111,9 @@ def load_model(source: str, *, dtype: str | None = None) -> LoadedModel:
     if path.is_dir():
         return load_hf_dir(path, dtype=dtype)
     if path.suffix == ".gguf" and path.is_file():
-        return load_gguf(path, dtype=dtype)
+        try:
+            return load_gguf(path, dtype=dtype)
+        except GGUFMissingKey as e:  # the key the user typed, then the file's path and its missing key
+            raise ValueError(f"model.source={e}") from None
     raise ValueError(f"model source {source!r} is neither a registered name {sorted(MODELS)}, "
                      "a HF model directory nor an existing .gguf file")

@@ -12,11 +12,13 @@ How to add a sink: implement `write(record)` and `close()`; pass it to the contr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import os
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -184,30 +186,84 @@ class JsonlSink:
     def __init__(self, path: Path, *, append: bool) -> None:
         self.path = path
         self._fh = open(path, "a" if append else "w", encoding="utf-8")
+        self._failed = False
 
     def write(self, record: dict[str, Any]) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self._fh.write(json.dumps(clean) + "\n")
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
+        try:
+            self._fh.write(json.dumps(clean) + "\n")
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        except OSError as e:  # a full disk: the error names the file (the OS's names none)
+            self._failed = True
+            raise OSError(e.errno, e.strerror, str(self.path)) from None
 
     def close(self) -> None:
-        self._fh.close()
+        """Close; after a failed write, quietly (the record that failed is dropped, the error was raised)."""
+        try:
+            self._fh.close()
+        except OSError:
+            if not self._failed:
+                raise
 
 
 class TensorBoardSink:
-    """Scalars of every step under `run_dir/tb/` (tensorboardX; no TensorFlow needed)."""
+    """Scalars of every step in one event file under `run_dir/tb/` (tensorboardX's record format;
+    no TensorFlow needed), written and flushed in the caller's thread, one flush a step.
+
+    Not tensorboardX's `SummaryWriter`: its background thread dies on a full disk with a
+    traceback naming no file, and its bounded queue then blocks the run's next write for ever.
+    Here a failed write is an OSError naming the event file, raised in the step that hit it; once
+    one was raised, `close` drops what could not be written without raising again (the run is
+    already ending on the first error, which the user sees as one line)."""
 
     def __init__(self, logdir: Path) -> None:
-        from tensorboardX import SummaryWriter
+        import socket
+        import time
 
-        self._writer = SummaryWriter(str(logdir))
+        from tensorboardX.record_writer import RecordWriter
+
+        logdir.mkdir(parents=True, exist_ok=True)
+        self.path = logdir / f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}"
+        self._failed = False
+        with self._naming_the_file():
+            self._records = RecordWriter(str(self.path))
+            self._write_event(file_version="brain.Event:2")
+            self._records.flush()
 
     def write(self, record: dict[str, Any]) -> None:
+        from tensorboardX.summary import scalar
+
         step = int(record["step"])
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._writer.add_scalar(key, value, step)
+        with self._naming_the_file():
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self._write_event(step=step, summary=scalar(key, value))
+            self._records.flush()
 
     def close(self) -> None:
-        self._writer.close()
+        if self._failed:
+            try:
+                self._records.close()
+            except OSError:
+                pass
+            return
+        with self._naming_the_file():
+            self._records.close()
+
+    def _write_event(self, **fields: Any) -> None:
+        import time
+
+        from tensorboardX.proto.event_pb2 import Event
+
+        self._records.write(Event(wall_time=time.time(), **fields).SerializeToString())
+
+    @contextlib.contextmanager
+    def _naming_the_file(self) -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:
+            self._failed = True
+            if e.filename is not None:
+                raise
+            raise OSError(e.errno, e.strerror, str(self.path)) from None

@@ -18,7 +18,11 @@ or group option span 7-73 lines and suggest the wrong fix (`+max_stalenes=2` add
 
 `hydra_main` types the config before `@hydra.main` runs, for every job of a `--multirun` sweep,
 because Hydra creates the run directory before it calls the task: a rejected command leaves no
-`outputs/...` folder. A task that still rejects its input after that (exit status non-zero before
+`outputs/...` folder. For the same reason it checks the run directory itself (one-run mode) before
+Hydra writes `.hydra/` and the job's log there: the command's own `Command.check_run_dir` first
+(jaxrl_async.train: another run holds the directory — a refused run must not rewrite that run's
+`.hydra/config.yaml`), then that the directory, or the nearest folder above it that exists, can be
+written (else Hydra's mkdir traceback, which names no key). A task that still rejects its input after that (exit status non-zero before
 it wrote anything) gets its directory removed when the directory held nothing before the command
 and holds nothing but Hydra's own files now — a resumed run's directory is never touched.
 
@@ -34,6 +38,7 @@ import argparse
 import difflib
 import functools
 import itertools
+import os
 import shutil
 import sys
 import time
@@ -63,6 +68,9 @@ class Command:
     register: Callable[[], None] = lambda: None  # store the base/* nodes (before any compose)
     # The composed mapping and the command line's overrides -> the typed config (ValueError).
     typed: Callable[[dict[str, Any], list[str]], Any] = lambda cfg, overrides: cfg
+    # The typed config and `hydra.run.dir` -> a ValueError when the run must not start there
+    # (called before Hydra writes anything into it).
+    check_run_dir: Callable[[Any, Path], None] = lambda typed, run_dir: None
 
 
 def fail(message: Any, status: int = 1) -> NoReturn:
@@ -271,6 +279,22 @@ def _only_hydra_files(run_dir: Path) -> bool:
                                     for p in run_dir.iterdir())
 
 
+def check_writable(run_dir: Path) -> None:
+    """A one-line ValueError naming `hydra.run.dir` when neither it nor the nearest folder above it
+    that exists can be written (what Hydra's mkdir and log file need). Writes nothing: `os.access`
+    answers for the user and for a read-only mount alike."""
+
+    there = run_dir.absolute()
+    while not there.exists() and there != there.parent:
+        there = there.parent
+    if not there.is_dir():
+        raise ValueError(f"hydra.run.dir={run_dir}: cannot create it ({there} is a file)")
+    if not os.access(there, os.W_OK | os.X_OK):
+        read_only = bool(os.statvfs(there).f_flag & os.ST_RDONLY)
+        why = "is on a read-only file system" if read_only else "is not writable by this user"
+        raise ValueError(f"hydra.run.dir={run_dir}: cannot write there ({there} {why}); choose another hydra.run.dir")
+
+
 def _holds_files(run_dir: Path | None) -> bool:
     return run_dir is not None and run_dir.is_dir() and any(run_dir.iterdir())
 
@@ -321,11 +345,17 @@ def hydra_main(command: Command, task: Callable[[Any], Any], *, before_run: Call
             fail(e)
     elif not unchecked:
         try:
-            validate(command, overrides, multirun=multirun)
+            typed = validate(command, overrides, multirun=multirun)
         except ValueError as e:
             fail(e)
         if not multirun:
             run_dir = _run_dir(command, overrides)
+            if run_dir is not None:
+                try:
+                    command.check_run_dir(typed, run_dir)
+                    check_writable(run_dir)
+                except ValueError as e:
+                    fail(e)
             held_before = run_dir if _holds_files(run_dir) else None
     started = time.time()
 

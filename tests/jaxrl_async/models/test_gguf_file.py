@@ -13,6 +13,7 @@ from jaxrl_async.models import ModelConfig
 from jaxrl_async.models.hf_weights import to_hf_state_dict
 from jaxrl_async.models.loading import build_model, load_model
 from jaxrl_async.tokenizer import tiny_tokenizer
+from tests.helpers.gguf_files import write_metadata_gguf
 
 _HF_TO_GGUF = {
     "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
@@ -174,3 +175,18 @@ def test_an_empty_file_or_another_format_is_not_a_readable_gguf(tmp_path, data, 
     path.write_bytes(data)
     with pytest.raises(ValueError, match=rf"^{path}: not a readable GGUF file \(.*{reason}"):
         load_model(str(path))
+
+
+@pytest.mark.parametrize("key", ["llama.block_count", "llama.embedding_length", "llama.feed_forward_length",
+                                 "llama.attention.head_count", "tokenizer.ggml.tokens"])
+def test_a_gguf_without_a_required_key_is_one_line_naming_the_file_and_the_key(tmp_path, key):
+    whole = write_metadata_gguf(tmp_path / "whole.gguf")
+    # Non-trivial: the same file with every key passes the metadata checks (it fails later, on
+    # its missing tensors, which this file does not have).
+    with pytest.raises(ValueError) as whole_error:
+        load_model(str(whole))
+    assert "GGUF metadata" not in str(whole_error.value)
+    path = write_metadata_gguf(tmp_path / "m.gguf", without={key})
+    with pytest.raises(ValueError) as e:
+        load_model(str(path))
+    assert str(e.value) == f"model.source={path}: no {key} in the GGUF metadata"

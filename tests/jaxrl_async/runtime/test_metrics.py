@@ -1,9 +1,11 @@
 """A training run writes the simulator's metric keys, so one plotting function reads both runs."""
 
+import errno
 import json
 
 import pytest
 
+from jaxrl_async.runtime.metrics import JsonlSink, TensorBoardSink
 import planner.policies.lookahead  # noqa: F401  (registers lookahead)
 from planner.ledger import LedgerWriter
 from planner.registry import make_policy
@@ -12,6 +14,7 @@ from planner.sim import SimConfig, Simulator, make_workload
 from planner.sim.metrics import write_outputs
 from planner.tools.plots import run_plots
 from planner.types import PlanContext
+from tests.helpers.filesystems import small_filesystem
 from tests.helpers.train_runs import make_job, read_jsonl
 
 pytestmark = pytest.mark.slow
@@ -56,3 +59,49 @@ def test_an_engines_load_lists_each_replicas_active_sequences_and_the_share_of_s
     single = EngineLoad.of(EngineStats(3, 0, 0, 0.5, 3))
     assert (replicas.active, replicas.usage) == ([4, 2], 0.75)
     assert (single.active, single.usage) == ([3], 3.0)  # no slots reported: counted against one
+
+
+def _events(path):
+    """(step, tag, value) of every scalar in a TensorBoard event file, read with its own record format."""
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    data, out, at = path.read_bytes(), [], 0
+    while at < len(data):
+        (n,) = struct.unpack("Q", data[at:at + 8])
+        event = Event.FromString(data[at + 12:at + 12 + n])
+        at += 12 + n + 4
+        out += [(event.step, v.tag, v.simple_value) for v in event.summary.value]
+    return out
+
+
+def test_the_tensorboard_sink_writes_each_step_s_scalars_to_one_event_file_at_once(tmp_path):
+    sink = TensorBoardSink(tmp_path / "tb")
+    sink.write({"step": 0, "loss": 0.5, "done": True, "name": "x"})
+    sink.write({"step": 1, "loss": 0.25})
+    # Flushed per step: readable before close.
+    assert _events(sink.path) == [(0, "loss", 0.5), (1, "loss", 0.25)]
+    sink.close()
+    assert [p.name for p in (tmp_path / "tb").iterdir()] == [sink.path.name]
+
+
+def test_a_full_disk_is_an_oserror_naming_the_event_file_and_the_sink_closes_quietly(tmp_path, capfd):
+    with small_filesystem(tmp_path / "small", "64k") as mount:
+        sink = TensorBoardSink(mount / "tb")
+        with pytest.raises(OSError) as e:
+            for step in range(100_000):  # 64 KiB holds a few thousand scalars
+                sink.write({"step": step, "loss": 0.5, "reward": 1.0})
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(sink.path)
+        sink.close()  # quiet: no second error
+    assert "Traceback" not in capfd.readouterr().err  # no writer thread died
+
+
+def test_a_full_disk_under_metrics_jsonl_names_the_file(tmp_path):
+    with small_filesystem(tmp_path / "small", "64k") as mount:
+        sink = JsonlSink(mount / "metrics.jsonl", append=False)
+        with pytest.raises(OSError) as e:
+            for step in range(100_000):
+                sink.write({"step": step, "loss": 0.5})
+        assert e.value.errno == errno.ENOSPC and e.value.filename == str(mount / "metrics.jsonl")
+        sink.close()
