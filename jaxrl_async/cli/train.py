@@ -27,10 +27,14 @@ In a job of several processes only process 0 writes these; the others follow it 
 and prints the audit's verdict: max staleness vs η, drops, lost and twice-trained groups. Exit
 status: 0 when the run finished and the audit passed (or the run stopped on SIGTERM / SIGINT with
 a checkpoint), 1 otherwise. `resume=true` (with `hydra.run.dir=DIR`) or `resume=DIR` continues the
-run in DIR from its newest checkpoint: same ledger, same metrics, the step count continues; a run
-that never saved one starts afresh, its files set aside; `resume=DIR` where DIR holds no run is an
-error, `resume=true` on a directory without one starts a fresh run there (job/resume.py). What
-survives a kill, what a resume checks: docs/fault_tolerance.md.
+run in DIR from its newest whole checkpoint (a damaged one — its manifest's sizes or checksums do
+not match, or it does not restore — is set aside with one warning line and the next older one is
+used): same ledger, same metrics, the step count continues; `steps=` equal to the steps already
+trained finishes a run killed after its final checkpoint (export, audit, summary). A run that
+never saved one starts afresh, its files set aside; `resume=DIR` where DIR holds no run is an
+error, `resume=true` on a directory without one starts a fresh run there (job/resume.py). Ctrl-C
+before the training loop is one line and exit status 130 (cli/interrupt.py). What survives a
+kill, what a resume checks: docs/fault_tolerance.md.
 """
 
 from __future__ import annotations
