@@ -55,3 +55,12 @@ def run_command(config_name: str, node: type, argv: list[str] | None, typed: Cal
         return 1
     print(show(config, result), end="")
     return 0
+
+
+def run_cached(main: Callable[[], int]) -> None:
+    """A one-shot command's `python -m` entry: the on-disk compilation cache (library code and
+    tests call `main` and never turn it on), then `main`'s exit status."""
+    from jaxrl_async.compilation_cache import enable_compilation_cache
+
+    enable_compilation_cache()
+    sys.exit(main())

@@ -23,12 +23,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from jaxrl_async.cli.common import note, run_command
+from jaxrl_async.cli.common import note, run_cached, run_command
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 from jaxrl_async.engines.jax.core import EngineConfig, make_core
 from jaxrl_async.models.loading import ModelSpec, load_model
@@ -109,12 +108,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """`python -m` entry (this module's and the jaxrl_async/generate.py shim's): the on-disk
-    compilation cache, then `main`'s exit status."""
-    from jaxrl_async.compilation_cache import enable_compilation_cache
-
-    enable_compilation_cache()
-    sys.exit(main())
+    """`python -m` entry (this module's and the jaxrl_async/generate.py shim's)."""
+    run_cached(main)
 
 
 if __name__ == "__main__":
