@@ -94,6 +94,14 @@ tail -1 "$WORK/train_step.txt" >>"$OUT/summary.txt"
 # 3.6 B shape at 8 x 2048 tokens (53 s); the card's memory cap is raised for it alone.
 stage decode 90 python3 benchmarks/bench_decode.py --shape qwen2.5-1.5b --repeats 5 || true
 sed -n '/^step time vs live/,$p' "$WORK/decode.txt" | grep -v '^{' >>"$OUT/summary.txt"
+# Issue 19's batch sweep on the RL load (a 256-token prompt decoding towards 1,024 new tokens: slots
+# at position 1,024): tokens/s and roofline fraction at batch 1, 32, 256 and 1,024 with 16 steps a call.
+stage decode_batches 75 python3 benchmarks/bench_decode.py --shape qwen2.5-1.5b --max-len 2048 --lives 1024 \
+    --ctx-batch 32 --batches 1 32 256 1024 --ks 16 --position 1024 --repeats 3 || true
+# Chunked logits (issue 19): the train step's temporary bytes per token with and without
+# trainer.logits_chunk, bf16, from XLA's memory analysis (compiles only).
+stage logits_chunk 60 python3 benchmarks/bench_logits_chunk.py --dtype bfloat16 --chunks 0 1024 --remat full \
+    --analysis-only || true
 # Paged KV cache (issue 19): sequences decoding at once at a fixed KV budget on a heavy-tailed mix
 # (contiguous vs paged, tiny model) and decode step time vs live tokens vs max_len on Qwen2.5-1.5B's
 # shape with the Pallas kernel the GPU picks (its difference from the XLA gather printed first);
