@@ -4,6 +4,7 @@ machine)."""
 
 import json
 
+import jax
 import pytest
 import yaml
 
@@ -20,6 +21,9 @@ RUN = ["steps=10", "batch_groups=4", "group_size=4", "max_new_tokens=8", "checkp
 
 
 def test_a_short_run_is_traced_calibrated_and_replayed_within_loose_bounds(tmp_path):
+    # The run's compile is part of what is fitted (the warm-up): an earlier test on this xdist
+    # worker may have compiled the same programs, so the in-memory caches are emptied first.
+    jax.clear_caches()
     real = tmp_path / "real"
     summary = run_within(make_job(real, RUN), 600)
     assert summary["audit_ok"]
@@ -65,10 +69,7 @@ def test_a_short_run_is_traced_calibrated_and_replayed_within_loose_bounds(tmp_p
     # with like because the replay includes the fitted compile warm-up (most of this short run).
     assert summary["steps_per_hour_steady"] == pytest.approx(out["real"]["steps_per_hour"])
     assert result.summary["steps_per_hour_steady"] == pytest.approx(out["sim"]["steps_per_hour"])
-    # The warm-up is what compiling cost here: a test process that compiled these programs before
-    # (an earlier test on the same xdist worker, or the persistent cache) has little or none to fit.
-    # That the fit recovers a known warm-up is pinned in tests/planner/tools/test_calibrate.py.
-    assert w["compile_s"] >= 0 and cal["sim"]["trainer"]["compile_s"] >= 0
+    assert w["compile_s"] > 0 and cal["sim"]["trainer"]["compile_s"] > 0
     assert result.summary["steps_per_hour"] == pytest.approx(summary["steps_per_hour"], rel=0.5), out
 
 
