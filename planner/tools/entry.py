@@ -197,7 +197,7 @@ def _unknown_key(path: Sequence[str], depth: int, node: Mapping[str, Any], every
     return f"{typed}: unknown key (known{' in ' + section if section else ''}: {known})"
 
 
-def _compose_plain(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> dict[str, Any]:
+def _compose_plain(conf_dir: Path, config_name: str, overrides: Sequence[str], *, resolve: bool = False) -> dict[str, Any]:
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.errors import HydraException
@@ -207,7 +207,7 @@ def _compose_plain(conf_dir: Path, config_name: str, overrides: Sequence[str]) -
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
-        return OmegaConf.to_container(cfg, resolve=False)
+        return OmegaConf.to_container(cfg, resolve=resolve)
     except (HydraException, OmegaConfBaseException) as e:
         raise ValueError(one_line(e)) from None
 
@@ -215,19 +215,8 @@ def _compose_plain(conf_dir: Path, config_name: str, overrides: Sequence[str]) -
 def compose(conf_dir: Path, config_name: str, overrides: Sequence[str]) -> dict[str, Any]:
     """`conf/<config_name>.yaml` composed with `overrides`, resolved, as plain data, after
     `check_overrides`; any problem is a one-line ValueError."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     check_overrides(conf_dir, config_name, overrides)
-    try:
-        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = hydra_compose(config_name=config_name, overrides=list(overrides))
-        return OmegaConf.to_container(cfg, resolve=True)
-    except (HydraException, OmegaConfBaseException) as e:
-        raise ValueError(one_line(e)) from None
+    return _compose_plain(conf_dir, config_name, overrides, resolve=True)
 
 
 def wants_help(argv: Sequence[str]) -> bool:

@@ -29,14 +29,19 @@ def requests() -> list[GenerationRequest]:
             GenerationRequest("late", list(range(20)), SamplingParams(5, seed=4, top_k=4))]
 
 
-def test_async_engine_streams_the_same_samples_as_the_synchronous_core(models):
-    core = EngineCore(models[0], CFG, EngineConfig(**ENGINE))
+def run_synchronously(core) -> dict:
+    """`requests()` through `core` alone: (request id, sample index) -> its output."""
     for r in requests():
         core.submit(r)
     want = {}
     while core.has_work():
         for out in core.step():
             want[(out.request_id, out.sample_index)] = out
+    return want
+
+
+def test_async_engine_streams_the_same_samples_as_the_synchronous_core(models):
+    want = run_synchronously(EngineCore(models[0], CFG, EngineConfig(**ENGINE)))
 
     async def main():
         engine = JaxEngine(models[0], CFG, EngineConfig(**ENGINE, stream_every=2))
@@ -59,12 +64,7 @@ def test_async_engine_streams_the_same_samples_as_the_synchronous_core(models):
 def test_a_paged_engine_config_runs_the_paged_core_in_the_worker_thread(models):
     config = EngineConfig(**ENGINE, page_size=8, kv_pages=8)
     core = make_core(models[0], CFG, config)
-    for r in requests():
-        core.submit(r)
-    want = {}
-    while core.has_work():
-        for out in core.step():
-            want[(out.request_id, out.sample_index)] = out
+    want = run_synchronously(core)
 
     async def main():
         engine = JaxEngine(models[0], CFG, config)
