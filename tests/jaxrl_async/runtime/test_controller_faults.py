@@ -87,8 +87,10 @@ def test_a_nan_loss_skips_the_step_reports_it_and_leaves_the_weights_unchanged(t
 def test_a_request_the_engine_never_returns_is_regenerated_after_the_stall_timeout_and_trained_once(
         tmp_path, caplog, after):
     # η = 1 with B = 2: group 1 belongs to batch 0, which cannot be trained without it, so the run
-    # would wedge (no policy here drops it) unless the watchdog regenerates it.
-    job = make_job(tmp_path, SMALL + ["max_staleness=1", "rollout.stall_timeout_s=2"])
+    # would wedge (no policy here drops it) unless the watchdog regenerates it. The regenerated
+    # request may need a prefill shape not compiled yet; on a loaded machine that compile outlasts
+    # a 2 s timeout or two, so the engine may be quiet for several rounds without hanging.
+    job = make_job(tmp_path, SMALL + ["max_staleness=1", "rollout.stall_timeout_s=2", "rollout.max_quiet_stalls=10"])
     engine = SilentRequestEngine(job.controller.engine, "1.0", after=after)
     job.controller.engine = engine
     caplog.set_level(logging.WARNING, logger="jaxrl_async.runtime.liveness")
