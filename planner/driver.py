@@ -5,12 +5,14 @@ A *driver* advances time and feeds a policy (`planner.base.Policy`) its events: 
 (`tests/helpers/scripted.py`, `tests/helpers/adversarial.py`). What they must do alike lives here,
 once, so they cannot drift apart.
 
-A driver implements `DecisionHost` — one query, `held` (the `GroupState` of a uid), and four
+A driver implements `DecisionHost` — one query, `held` (the `GroupState` of a uid), and six
 synchronous hooks — and hands every `Decision` to `apply_decision`, which checks it and calls the
 hooks in the documented order:
 
     moves     -> host.record_moves(moves)        the ledger's `move` lines
     drops     -> host.drop_group(drop)           a running group is aborted first
+    critical  -> host.mark_critical(uids)        running groups; speculate them (engine permitting)
+    migrate   -> host.migrate_groups(uids)       running groups; move each to a less loaded replica
     the batch -> host.train_batch(uids)          only from select_batch; every uid done
     admits    -> host.admit_group(admission)     in list order; a candidate or a lost group
 
@@ -38,6 +40,7 @@ from planner.types import Admission, Decision, Drop, GroupState, Move
 UNTRAINED = frozenset({GroupState.QUEUED, GroupState.RUNNING, GroupState.LOST, GroupState.DONE})  # what a drop may name
 ADMISSIBLE = frozenset({GroupState.CANDIDATE, GroupState.LOST})  # what an admission may name
 TRAINABLE = frozenset({GroupState.DONE})  # what a batch may name
+IN_FLIGHT = frozenset({GroupState.QUEUED, GroupState.RUNNING})  # what a critical mark or migration may name
 _SAID = {None: "unknown", GroupState.CANDIDATE: "a candidate", GroupState.RUNNING: "generating"}  # error words
 
 
@@ -51,19 +54,25 @@ class DecisionHost(Protocol):
 
     def drop_group(self, drop: Drop) -> None: ...
 
+    def mark_critical(self, uids: list[int]) -> None: ...
+
+    def migrate_groups(self, uids: list[int]) -> None: ...
+
     def train_batch(self, uids: list[int]) -> None: ...
 
     def admit_group(self, admission: Admission) -> None: ...
 
 
 def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -> None:
-    """Apply `d`, returned by the policy's `call`, to `host` (docs/design.md §8.6): moves, drops, the
-    batch, then the admissions in list order. `policy` names the policy in error messages.
+    """Apply `d`, returned by the policy's `call`, to `host` (docs/design.md §8.6): moves, drops,
+    critical marks, migrations, the batch, then the admissions in list order. `policy` names the
+    policy in error messages.
 
     Raises ValueError, before the offending item is applied, on a batch from any call but
     `select_batch`, a batch naming a uid twice or a group that is not done, a drop of a group that
-    is not admitted and untrained, and an admission of a uid that is neither a candidate nor a
-    lost group (an admission earlier in the same list counts: a uid admitted twice is an error).
+    is not admitted and untrained, a critical mark or migration of a group that is not running
+    (queued or generating), and an admission of a uid that is neither a candidate nor a lost
+    group (an admission earlier in the same list counts: a uid admitted twice is an error).
     """
     if d.moves:
         host.record_moves(d.moves)
@@ -71,6 +80,13 @@ def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -
         _require(host, drop.uid, UNTRAINED, f"policy {policy} dropped uid {drop.uid} in {call}",
                  "not an admitted, untrained group")
         host.drop_group(drop)
+    for field, hook in (("critical", host.mark_critical), ("migrate", host.migrate_groups)):
+        uids = getattr(d, field)
+        if uids:
+            for uid in uids:
+                _require(host, uid, IN_FLIGHT, f"policy {policy} named uid {uid} in {field} in {call}",
+                         "not a running group")
+            hook(list(uids))
     if d.train is not None:
         if call != "select_batch":
             raise ValueError(f"policy {policy}: {call} returned a batch; only select_batch may")

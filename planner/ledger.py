@@ -8,6 +8,7 @@ Every path that trains — simulator or real runtime — writes `ledger.jsonl` t
     {"event": "train", "step": k, "groups": [{"uid": U, "versions": [[v, tokens], ...]}, ...]}
     {"event": "drop",  "uid": U, "step": k, "reason": "...", "tokens": t[, "length": l]}
     {"event": "move",  "uid": U, "from": k1, "to": k2}
+    {"event": "migrate", "uid": U, "from": w1, "to": w2, "versions": [[v, tokens], ...]}
 
 `tokens` on a drop (an extension) is how many generated tokens the drop wasted. `length` (an
 extension, written by the simulator, which knows the workload's true lengths) is the group's
@@ -23,6 +24,11 @@ training runtime flushes at every step end, so a killed run loses at most the st
 A kill in the middle of a write leaves a torn last line (no newline at its end): `read_ledger`
 skips it, because it belongs to the step that was lost, and a resume cuts the file back to the
 checkpoint's length anyway (docs/fault_tolerance.md).
+
+A `migrate` line says the running group U moved from engine replica (or simulated worker) w1 to
+w2 with its generated prefix kept; `versions` are the prefix's token versions at the move. The
+audit checks that the group's trained versions contain them, token for token: a move loses
+no token and re-versions none (docs/design.md §tail).
 """
 
 from __future__ import annotations
@@ -71,6 +77,10 @@ class LedgerWriter(JsonlWriter):
     def moves(self, moves: Iterable[Move]) -> None:
         for m in moves:
             self.move(m)
+
+    def migrate(self, uid: int, src: int, dst: int, versions: Versions) -> None:
+        self.append({"event": "migrate", "uid": uid, "from": src, "to": dst,
+                     "versions": [[v, t] for v, t in versions]})
 
     def __enter__(self) -> LedgerWriter:
         return self

@@ -86,16 +86,28 @@ class Decision:
 
     `train` is only set by `select_batch`: the uids of batch `step`, or None to wait for the
     next event. Every driver applies a decision with `planner.driver.apply_decision`: `moves`
-    (to the ledger), `drop`, `train`, then `admit` in list order (docs/design.md §8.6).
+    (to the ledger), `drop`, `critical`, `migrate`, `train`, then `admit` in list order
+    (docs/design.md §8.6).
+
+    `critical` and `migrate` schedule the tail's generation (docs/design.md §tail); neither
+    changes a token's version, so neither can break a bound:
+    - `critical`: running groups the trainer waits for; an engine with
+      `speculation.when=critical` speculates their decoding from now on.
+    - `migrate`: running groups to move, generated prefix kept, to a less loaded engine replica
+      (the driver picks it; with one replica, or none less loaded, nothing moves). Each move
+      that happens is a ledger `migrate` line.
     """
 
     admit: list[Admission] = field(default_factory=list)
     drop: list[Drop] = field(default_factory=list)
     moves: list[Move] = field(default_factory=list)
     train: list[int] | None = None
+    critical: list[int] = field(default_factory=list)
+    migrate: list[int] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.admit or self.drop or self.moves or self.train is not None)
+        return bool(self.admit or self.drop or self.moves or self.train is not None or self.critical
+                    or self.migrate)
 
 
 class GroupState(enum.IntEnum):

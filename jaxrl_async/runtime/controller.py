@@ -282,6 +282,12 @@ class Controller:
     def record_moves(self, moves: list[Move]) -> None:
         self.ledger.moves(moves)
 
+    def mark_critical(self, uids: list[int]) -> None:
+        pass  # the engines do not speculate yet
+
+    def migrate_groups(self, uids: list[int]) -> None:
+        pass  # the engines do not migrate yet
+
     def admit_group(self, a: Admission) -> None:
         live = self.table.groups.get(a.uid)
         if live is None:  # a candidate

@@ -192,6 +192,12 @@ class Simulator:
     def record_moves(self, moves: list[Move]) -> None:
         self.ledger.moves(moves)
 
+    def mark_critical(self, uids: list[int]) -> None:
+        pass  # the simulated workers do not speculate yet
+
+    def migrate_groups(self, uids: list[int]) -> None:
+        pass  # the simulated workers do not migrate yet
+
     def admit_group(self, a: Admission) -> None:
         if a.uid in self.window:
             c, prompt_tokens, lengths = self.window.take(a.uid)

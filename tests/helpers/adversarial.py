@@ -70,6 +70,12 @@ class AdversarialDriver:
     def record_moves(self, moves: list[Move]) -> None:
         self.ledger.moves(moves)
 
+    def mark_critical(self, uids: list[int]) -> None:
+        pass  # one engine that never speculates
+
+    def migrate_groups(self, uids: list[int]) -> None:
+        pass  # one engine: nowhere to move to
+
     def drop_group(self, d: Drop) -> None:
         self.ledger.drop(d)
         self.queued.pop(d.uid, None)

@@ -92,6 +92,12 @@ class ScriptedDriver:
     def record_moves(self, moves: list[Move]) -> None:
         pass  # no ledger
 
+    def mark_critical(self, uids: list[int]) -> None:
+        pass  # one engine that never speculates
+
+    def migrate_groups(self, uids: list[int]) -> None:
+        pass  # one engine: nowhere to move to
+
     def drop_group(self, d: Drop) -> None:
         self.dropped[d.uid] = d.reason
         if d.uid in self.queued:

@@ -22,6 +22,12 @@ class Host:
     def record_moves(self, moves: list[Move]) -> None:
         self.log.append(("moves", [m.uid for m in moves]))
 
+    def mark_critical(self, uids: list[int]) -> None:
+        self.log.append(("critical", list(uids)))
+
+    def migrate_groups(self, uids: list[int]) -> None:
+        self.log.append(("migrate", list(uids)))
+
     def drop_group(self, drop: Drop) -> None:
         self.log.append(("drop", drop.uid))
         del self.states[drop.uid]
@@ -40,13 +46,24 @@ def admission(uid: int) -> Admission:
     return Admission(uid, prompt_id=uid, version=0)
 
 
-def test_a_decision_is_applied_in_the_documented_order_moves_drops_batch_then_admissions_in_list_order():
+def test_a_decision_is_applied_in_the_documented_order_moves_drops_tail_batch_then_admissions_in_list_order():
     host = Host(u1=GroupState.RUNNING, u2=GroupState.LOST, u3=GroupState.DONE, u4=GroupState.DONE, u5=GroupState.CANDIDATE,
-                u6=GroupState.CANDIDATE)
+                u6=GroupState.CANDIDATE, u8=GroupState.RUNNING, u9=GroupState.QUEUED)
     d = Decision(admit=[admission(6), admission(5)], drop=[Drop(2, 0, "stale"), Drop(1, 0, "stale")],
-                 moves=[Move(5, -1, 1)], train=[3, 4])
+                 moves=[Move(5, -1, 1)], train=[3, 4], critical=[8, 9], migrate=[8])
     apply_decision(host, d, call="select_batch", policy="p")
-    assert host.log == [("moves", [5]), ("drop", 2), ("drop", 1), ("train", [3, 4]), ("admit", 6), ("admit", 5)]
+    assert host.log == [("moves", [5]), ("drop", 2), ("drop", 1), ("critical", [8, 9]), ("migrate", [8]),
+                        ("train", [3, 4]), ("admit", 6), ("admit", 5)]
+
+
+@pytest.mark.parametrize("field", ["critical", "migrate"])
+@pytest.mark.parametrize(("held", "word"), [(None, "unknown"), (GroupState.CANDIDATE, "a candidate"),
+                                           (GroupState.DONE, "done"), (GroupState.LOST, "lost")])
+def test_a_critical_mark_or_a_migration_must_name_a_running_group(field, held, word):
+    host = Host(u7=held, u8=GroupState.RUNNING)
+    with pytest.raises(ValueError, match=f"named uid 7 in {field} in on_tokens: it is {word}, not a running group"):
+        apply_decision(host, Decision(**{field: [8, 7]}), call="on_tokens", policy="p")
+    assert host.log == []  # checked whole before the hook runs
 
 
 def test_a_dropped_group_cannot_be_readmitted_by_the_same_decision_because_drops_come_first():
