@@ -217,6 +217,9 @@ class EngineTiming:
       prefill_tokens: prompt tokens prefilled in the iteration.
       version: the weights loaded ("load").
       compiled: the iteration compiled a step first (its time is not the step's cost).
+      drafted: speculative decoding: tokens drafted in the iteration (0 without speculation).
+      accepted: of those, the tokens the verification kept (accepted / drafted is the
+        acceptance rate `planner.calibrate` fits).
     """
 
     kind: Literal["decode", "load"]
@@ -228,6 +231,8 @@ class EngineTiming:
     prefill_tokens: int = 0
     version: int = 0
     compiled: bool = False
+    drafted: int = 0
+    accepted: int = 0
 
 
 class GenerationEngine(abc.ABC):
@@ -279,6 +284,19 @@ class GenerationEngine(abc.ABC):
     def worker_of(self, request_id: str) -> int:
         """The replica (or worker) index that holds the request; 0 for a single engine."""
         return 0
+
+    async def mark_critical(self, request_id: str) -> None:
+        """The planner marks the request deadline-critical (`Decision.critical`): an engine with
+        `speculation.when=critical` speculates its unfinished samples from now on. An engine
+        that cannot speculate, or an unknown or finished id, ignores it."""
+
+    async def migrate(self, request_id: str) -> tuple[int, int] | None:
+        """Move the request's unfinished samples, generated prefix kept, to a less loaded
+        replica (`Decision.migrate`): the target prefills prompt + prefix and continues; every
+        token keeps its version and the output stream goes on under the same request id.
+        Returns (from, to) replica indices, or None when nothing moved (one replica, none less
+        loaded, an unknown or finished id)."""
+        return None
 
 
 def least_loaded(loads: Mapping[int, int]) -> int:
