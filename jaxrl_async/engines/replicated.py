@@ -7,6 +7,13 @@ and worker thread of its own). This front:
   the lowest index) — `base.least_loaded`, the rule `RayEngineProxy` uses for its workers.
   A request stays on its replica, so priorities order admission within each replica;
 - sends `abort` to the replica that holds the request;
+- `migrate` moves a request's unfinished samples, prefix kept, to the least loaded other replica
+  when it is strictly less loaded than the source without the request's own samples (so a move
+  never just swaps which replica is the crowded one); the replicas must be `Migratable`
+  (engines/migration.py). The source delivers the samples' pending pieces before it answers, and
+  its output pump forwards them before the target (in another thread, after a prefill) can
+  produce the next piece, so each sample's pieces stay in order in the merged stream. An abort
+  that arrives while a request is in transit is sent to the target once it holds the request;
 - pushes new weights to every replica at once and returns when all of them use the version;
 - merges the replicas' output streams into one; an error on one replica's stream ends the
   merged stream with that error, as it would for a single engine.
@@ -25,6 +32,7 @@ from typing import Any
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
                                       GenerationRequest, SampleOutput, check_new_request_id, least_loaded,
                                       read_outputs)
+from jaxrl_async.engines.migration import Migratable
 
 
 class ReplicatedEngine(GenerationEngine):
@@ -37,6 +45,7 @@ class ReplicatedEngine(GenerationEngine):
         self._owner: dict[str, int] = {}  # request id -> index of the replica holding it
         self._samples_left: dict[str, int] = {}  # request id -> samples not yet done
         self._load = [0] * len(self.replicas)  # live samples per replica
+        self._moving: dict[str, bool] = {}  # request id in transit -> aborted meanwhile
         self._out: asyncio.Queue = asyncio.Queue()
         self._pumps: list[asyncio.Task] = []
 
@@ -64,13 +73,44 @@ class ReplicatedEngine(GenerationEngine):
         try:
             await self.replicas[index].submit(request)
         except BaseException:
-            self._release(rid, n)
+            self._release(rid, n, index)
             raise
 
     async def abort(self, request_id: str) -> None:
+        if request_id in self._moving:
+            self._moving[request_id] = True  # sent to the target once it holds the request
+            return
         index = self._owner.get(request_id)
         if index is not None:
             await self.replicas[index].abort(request_id)
+
+    async def migrate(self, request_id: str) -> tuple[int, int] | None:
+        src = self._owner.get(request_id)
+        if src is None or len(self.replicas) < 2 or request_id in self._moving:
+            return None
+        source = self.replicas[src]
+        others = {i: load for i, load in enumerate(self._load) if i != src}
+        dst = least_loaded(others)
+        target = self.replicas[dst]
+        if not (others[dst] < self._load[src] - self._samples_left[request_id]
+                and isinstance(source, Migratable) and isinstance(target, Migratable)):
+            return None
+        self._moving[request_id] = False
+        moved = None
+        try:
+            moved = await source.detach(request_id)
+            if moved is not None:
+                # Samples that finished before the detach were released on `src` by its pump.
+                count = len(moved.samples)
+                self._load[src] -= count
+                self._load[dst] += count
+                self._owner[request_id] = dst
+                await target.attach(moved)
+        finally:
+            aborted = self._moving.pop(request_id)
+        if aborted:  # to wherever the request is now
+            await self.abort(request_id)
+        return None if moved is None else (src, dst)
 
     async def update_weights(self, params: Any, version: int) -> None:
         await asyncio.gather(*(r.update_weights(params, version) for r in self.replicas))
@@ -106,16 +146,18 @@ class ReplicatedEngine(GenerationEngine):
         try:
             async for out in self.replicas[index].outputs():
                 if out.done:
-                    self._release(out.request_id, 1)
+                    self._release(out.request_id, 1, index)
                 self._out.put_nowait(out)
         except asyncio.CancelledError:
             raise
         except BaseException as error:  # noqa: BLE001 - the merged stream's reader must see it
             self._out.put_nowait(error)
 
-    def _release(self, request_id: str, samples: int) -> None:
-        """`samples` of the request are done (or never reached its replica)."""
-        self._load[self._owner[request_id]] -= samples
+    def _release(self, request_id: str, samples: int, index: int) -> None:
+        """`samples` of the request are done on replica `index` (or never reached it). The index
+        is the replica's, not `_owner`'s: a sample that finished just before a migration is
+        counted where it ran."""
+        self._load[index] -= samples
         self._samples_left[request_id] -= samples
         if not self._samples_left[request_id]:
             del self._owner[request_id], self._samples_left[request_id]

@@ -71,7 +71,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl_async.engines.jax import layout
+from jaxrl_async.engines.jax import layout, migration
 from jaxrl_async.engines.base import (GenerationRequest, RequestLimits, SampleOutput, SamplingParams,
                                       check_new_request_id)
 from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
@@ -251,6 +251,8 @@ class _SlotArrays:
 class EngineCore:
     """Continuous batching over `config.num_slots` slots of one model (see module docstring).
 
+    `detach` / `attach` move a request's unfinished samples to another core (migration.py).
+
     Not thread-safe: call every method from one thread (JaxEngine's worker thread).
 
     `mesh`: None keeps the weights on the model's device and the cache on that device; a
@@ -297,6 +299,8 @@ class EngineCore:
         self._slots: list[SlotSequence | None] = [None] * config.num_slots
         self._arrays = _SlotArrays(config.num_slots)
         self._live: dict[str, int] = {}  # request id -> samples not yet done
+        self._requests: dict[str, GenerationRequest] = {}  # live request id -> the request, seeded
+        self._arrivals: list[SlotSequence] = []  # migrated samples waiting for a slot (migration.py)
         self._pending_weights: tuple[dict, int] | None = None
         self._seeds = np.random.default_rng(config.seed)
         # The backend the steps run on: it picks the live-bucket cut-off (LIVE_BUCKET_LIMITS).
@@ -331,10 +335,15 @@ class EngineCore:
     def weights_pending(self) -> bool:
         return self._pending_weights is not None
 
+    @property
+    def migratable(self) -> bool:
+        """Whether requests may leave and arrive (`detach` / `attach`): "partial" sync mode only."""
+        return self.config.sync_mode == "partial"
+
     def has_work(self) -> bool:
         """Whether `step()` would do anything."""
         return bool(self.active_slots or self._pending_weights
-                    or (self._queue and self._free_slots()))
+                    or ((self._queue or self._arrivals) and self._free_slots()))
 
     def _free_slots(self) -> list[int]:
         return [i for i, s in enumerate(self._slots) if s is None]
@@ -357,20 +366,30 @@ class EngineCore:
             request = dataclasses.replace(
                 request, sampling=dataclasses.replace(request.sampling, seed=seed))
         self._live[request.request_id] = request.sampling.n
+        self._requests[request.request_id] = request
         self._queue.push(request)
 
     def abort(self, request_id: str) -> list[SampleOutput]:
         """End the request's unfinished samples ("abort"); [] for an unknown or finished id."""
         queued = self._queue.remove(request_id)
         if queued is not None:
-            del self._live[request_id]
+            del self._live[request_id], self._requests[request_id]
             return [SampleOutput(request_id, i, [], [], [], "abort", True)
                     for i in range(queued.sampling.n)]
         outputs = []
         for slot, seq in enumerate(self._slots):
             if seq is not None and seq.request_id == request_id:
                 outputs.append(self._finish(slot, "abort"))
-        return outputs
+        return outputs + [self._close(seq, "abort") for seq in migration.take_arrivals(self, request_id)]
+
+    def detach(self, request_id: str) -> tuple[Any, list[SampleOutput]]:
+        """The request's unfinished samples leave: (`MovedRequest` | None, pieces they still had
+        to deliver); see migration.py."""
+        return migration.detach(self, request_id)
+
+    def attach(self, moved: Any) -> None:
+        """Continue a `MovedRequest`'s samples here, ahead of the queue (migration.py)."""
+        migration.attach(self, moved)
 
     def check_params(self, params: Any) -> dict:
         """Validate new weights against the engine's (ValueError naming the leaf) and copy them
@@ -409,6 +428,7 @@ class EngineCore:
             self._weights, self.version = self._pending_weights
             self._pending_weights = None
         if self._pending_weights is None:
+            migration.admit_arrivals(self)
             self._admit(self._queue.pop_admissible(len(self._free_slots())))
         if not self.active_slots:
             return []
@@ -510,7 +530,7 @@ class EngineCore:
         """The sample's last piece; its request is forgotten with its last sample."""
         self._live[seq.request_id] -= 1
         if not self._live[seq.request_id]:
-            del self._live[seq.request_id]
+            del self._live[seq.request_id], self._requests[seq.request_id]
         return seq.flush(reason)
 
     def warmup(self) -> None:

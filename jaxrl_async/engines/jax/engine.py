@@ -3,7 +3,8 @@
 The event loop never runs device work. Its methods put commands (submit, abort, new weights)
 on a thread-safe deque; the worker thread applies them between two `EngineCore.step()` calls —
 so weights always swap between decode steps — and hands the outputs back to the loop with
-`call_soon_threadsafe`. All bookkeeping the loop reads (live request ids, output queue, weight
+`call_soon_threadsafe`. Migration (`detach` / `attach`, engines/migration.py) goes the same way:
+a detach's pieces reach the output queue before its result reaches the caller. All bookkeeping the loop reads (live request ids, output queue, weight
 waiters) lives in the loop thread; the worker only touches the core.
 
 Request checks that need no engine state (context length, n, vocabulary) and the weight check
@@ -25,6 +26,7 @@ from jax.sharding import Mesh
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
                                       GenerationRequest, SampleOutput, check_new_request_id, read_outputs)
 from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, make_core
+from jaxrl_async.engines.migration import MovedRequest
 from jaxrl_async.models.config import ModelConfig
 
 
@@ -84,6 +86,25 @@ class JaxEngine(GenerationEngine):
         if request_id in self._live:
             self._send("abort", request_id)
 
+    async def detach(self, request_id: str) -> MovedRequest | None:
+        """`Migratable.detach`: the request's unfinished samples leave this engine (their pending
+        pieces are on the output queue when this returns); None when none are here or the core
+        cannot migrate (a paged core, "drain" sync mode)."""
+        self._raise_if_failed()
+        if request_id not in self._live or not self.core.migratable:
+            return None
+        done = asyncio.get_running_loop().create_future()
+        self._send("detach", (request_id, done))
+        return await done
+
+    async def attach(self, moved: MovedRequest) -> None:
+        """`Migratable.attach`: continue the moved samples here (ValueError at once for a request
+        id this engine already holds)."""
+        self._raise_if_failed()
+        check_new_request_id(moved.request_id, self._live)
+        self._live[moved.request_id] = len(moved.samples)
+        self._send("attach", moved)
+
     async def update_weights(self, params: Any, version: int) -> None:
         self._raise_if_failed()
         # Checked and copied in the caller, before anything else is awaited: commands reach the
@@ -139,6 +160,15 @@ class JaxEngine(GenerationEngine):
                 waiting.append((want, fut))
         self._weight_waiters = waiting
 
+    def _detached(self, outputs: list[SampleOutput], moved: MovedRequest | None, done: asyncio.Future) -> None:
+        """Loop thread: a detach's pieces go out first, then the moved samples leave `_live`."""
+        self._deliver(outputs, self.core.version)
+        if moved is not None:
+            self._live[moved.request_id] -= len(moved.samples)
+            if not self._live[moved.request_id]:
+                del self._live[moved.request_id]
+        done.set_result(moved)
+
     def _fail(self, error: BaseException) -> None:
         """Loop thread: the worker died; every waiter and the output stream get the error."""
         self._error = error
@@ -193,6 +223,14 @@ class JaxEngine(GenerationEngine):
                 self.core.submit(payload)
             elif kind == "abort":
                 outputs += self.core.abort(payload)
+            elif kind == "detach":
+                request_id, done = payload
+                moved, pieces = self.core.detach(request_id)
+                # Earlier commands' outputs first: every piece of this request precedes the answer.
+                self._loop.call_soon_threadsafe(self._detached, outputs + pieces, moved, done)
+                outputs = []
+            elif kind == "attach":
+                self.core.attach(payload)
             else:
                 state, version, done = payload
                 try:

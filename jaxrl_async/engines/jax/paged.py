@@ -96,6 +96,11 @@ class PagedEngineCore(EngineCore):
         return len(self._queue) + len(self._resume)
 
     @property
+    def migratable(self) -> bool:
+        """A paged core does not migrate: its admission counts pages (migration.py)."""
+        return False
+
+    @property
     def preempted(self) -> list[SlotSequence]:
         """The samples waiting to resume, oldest admission first."""
         return [p.seq for p in self._resume]

@@ -76,12 +76,14 @@ class SlotSequence:
     max_new_tokens: int
     stop_token_ids: frozenset[int]
     generated: int = 0
+    token_ids: list[int] = field(default_factory=list)  # every token generated so far (a migration's prefix)
     pending_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
     pending_versions: VersionRuns = field(default_factory=list)
 
     def append(self, token: int, logprob: float, version: int) -> FinishReason | None:
         """Record a sampled token; returns why the sample ends, or None if it goes on."""
+        self.token_ids.append(token)
         self.pending_tokens.append(token)
         self.pending_logprobs.append(logprob)
         append_run(self.pending_versions, version)
