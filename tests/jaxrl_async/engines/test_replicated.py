@@ -123,3 +123,79 @@ def test_an_error_on_one_replica_stream_reaches_the_merged_stream():
                 pass
 
     asyncio.run(main())
+
+
+
+async def _read_until(engine, pieces: dict, keys: set) -> None:
+    """Read the merged stream into `pieces` until every (request, sample) of `keys` is done."""
+    keys = set(keys)
+    async for out in engine.outputs():
+        pieces.setdefault((out.request_id, out.sample_index), []).append(out)
+        if out.done:
+            keys.discard((out.request_id, out.sample_index))
+        if not keys:
+            return
+
+
+LONG = GenerationRequest("long", [3, 1, 4], SamplingParams(40, temperature=1.0, top_p=0.9, seed=5))
+SIDE = GenerationRequest("side", [2], SamplingParams(30, seed=6, n=2))
+GONE = GenerationRequest("gone", [1], SamplingParams(30, seed=7, n=2))
+
+
+async def _skewed(model) -> tuple[ReplicatedEngine, dict, dict]:
+    """Two started replicas, 0 crowded and 1 idle: 0 holds "long" (n=1) and "side" (n=2); 1's
+    "gone" (n=2) is aborted before the start and its aborts are read: [3, 0] live samples."""
+    engine = two_replicas(model)
+    for r in (LONG, GONE, SIDE):
+        await engine.submit(r)
+    placed = {r.request_id: engine.replica_of(r.request_id) for r in (LONG, GONE, SIDE)}
+    await engine.abort("gone")
+    await engine.start()
+    pieces: dict = {}
+    await _read_until(engine, pieces, {("gone", 0), ("gone", 1)})
+    return engine, placed, pieces
+
+
+def test_migrate_moves_a_straggler_to_the_idle_replica_and_it_samples_what_one_engine_samples(models):
+    single = EngineCore(models[0], CFG, EngineConfig(**ENGINE))
+    for r in (LONG, SIDE):
+        single.submit(r)
+    want: dict = {}
+    while single.has_work():
+        for out in single.step():
+            want.setdefault((out.request_id, out.sample_index), []).append(out)
+
+    async def main():
+        engine, placed, pieces = await _skewed(models[0])
+        moved = await engine.migrate("long")  # 3 - 1 = 2 live samples stay on 0; 1 has none
+        owner = engine.replica_of("long")
+        # Now [2, 1]: neither move would leave its source more loaded than the target.
+        refused = [await engine.migrate("side"), await engine.migrate("long"), await engine.migrate("unknown")]
+        await _read_until(engine, pieces, {("long", 0), ("side", 0), ("side", 1)})
+        counters = [(await r.stats()).extra["counters"] for r in engine.replicas]
+        await engine.stop()
+        return placed, moved, owner, refused, pieces, counters
+
+    placed, moved, owner, refused, pieces, counters = asyncio.run(main())
+    assert placed == {"long": 0, "gone": 1, "side": 0}
+    assert moved == (0, 1) and owner == 1 and refused == [None, None, None]
+    assert counters[0]["migrated_out"] == 1 and counters[1]["migrated_in"] == 1
+    for key, p in pieces.items():
+        assert sum(x.done for x in p) == 1 and p[-1].done, key
+    got = {k: join_outputs(v) for k, v in pieces.items() if k[0] != "gone"}
+    assert_same_samples(got, {k: join_outputs(v) for k, v in want.items()})
+
+
+def test_an_abort_during_a_migration_reaches_the_target_and_ends_the_sample_once(models):
+    async def main():
+        engine, _, pieces = await _skewed(models[0])
+        moved, _ = await asyncio.gather(engine.migrate("long"), engine.abort("long"))
+        await _read_until(engine, pieces, {("long", 0), ("side", 0), ("side", 1)})
+        await engine.abort("long")  # finished: ignored
+        await engine.stop()
+        return moved, pieces
+
+    moved, pieces = asyncio.run(main())
+    assert moved == (0, 1)
+    assert sum(p.done for p in pieces[("long", 0)]) == 1
+    assert join_outputs(pieces[("long", 0)]).finish_reason == "abort"
