@@ -64,6 +64,7 @@ from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
 from jaxrl_async.runtime.scoring import GroupScore, RewardErrorLog, RewardFailureError, RewardFailureGate, score_group
 from jaxrl_async.runtime.state import ControllerSnapshot, from_json, to_json
 from jaxrl_async.runtime.supervisor import TaskSupervisor
+from jaxrl_async.runtime.tail import TailHooks
 from jaxrl_async.runtime.tracing import RunTracer
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
@@ -117,6 +118,7 @@ class Controller:
         self._outbox = EngineOutbox(engine, on_submitted=lambda rid: self._watch.submitted(rid, self.now()))
         self.table = GroupTable(cfg.window)  # the candidates and the admitted, untrained groups
         self._collector = RolloutCollector()
+        self._tail = TailHooks(self.table, self._outbox, ledger, lambda: self.stats)  # critical marks, migrations
         self.lock = asyncio.Lock()  # every policy call and its decision run under it
         self._training = False  # a step is training or publishing
         self._ask = True  # something changed since the last select_batch
@@ -283,10 +285,10 @@ class Controller:
         self.ledger.moves(moves)
 
     def mark_critical(self, uids: list[int]) -> None:
-        pass  # the engines do not speculate yet
+        self._tail.mark_critical(uids)
 
     def migrate_groups(self, uids: list[int]) -> None:
-        pass  # the engines do not migrate yet
+        self._tail.migrate_groups(uids)
 
     def admit_group(self, a: Admission) -> None:
         live = self.table.groups.get(a.uid)

@@ -51,6 +51,7 @@ class RunStats:
     groups_trained: int = 0
     groups_dropped: int = 0
     groups_stalled: int = 0  # attempts aborted by the stall watchdog and regenerated (runtime/liveness.py)
+    groups_migrated: int = 0  # running groups moved to a less loaded engine replica (runtime/tail.py)
     tokens_generated: int = 0
     tokens_trained: int = 0
     tokens_wasted: int = 0  # generated tokens of dropped groups
@@ -133,6 +134,7 @@ def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], leng
             "done_groups": done_groups,
             "reward_errors": stats.reward_errors,
             "groups_stalled": stats.groups_stalled,
+            "groups_migrated": stats.groups_migrated,
             "push_s": stats.last_push_s,  # the latest weight push (after the previous step)
             "eta_s": eta_s,
             **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
@@ -165,6 +167,7 @@ def summary(stats: RunStats, *, policy: str, max_staleness: int | None, stalenes
             "reward_errors": stats.reward_errors,
             "reward_errors_by_type": dict(sorted(stats.reward_errors_by_type.items())),
             "groups_stalled": stats.groups_stalled,
+            "groups_migrated": stats.groups_migrated,
             "rewards_scored": stats.rewards_scored,
             "weight_push_s_mean": stats.push_s / max(1, stats.pushes),
             "weight_push_s_max": stats.push_max_s,

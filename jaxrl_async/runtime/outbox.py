@@ -12,6 +12,10 @@ held ones whose barrier the new version meets. `flush` checks every submission a
 synced version once more, so a request can never reach the engine on older weights, whatever
 queued it.
 
+The tail's calls (`Decision.critical`, `Decision.migrate`, runtime/tail.py) go the same way:
+`MarkCritical` and `Migrate`; a migration the engine made is reported to `on_migrated(uid, from,
+to)` when its call returns.
+
 To add an engine call: a frozen dataclass here, a branch in `_send`.
 """
 
@@ -38,7 +42,22 @@ class Abort:
     request_id: str
 
 
-EngineCommand = Submit | Abort
+@dataclass(frozen=True)
+class MarkCritical:
+    """The planner marks `request_id` deadline-critical (the engine may speculate it)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Migrate:
+    """Move group `uid`'s request `request_id`, prefix kept, to a less loaded replica."""
+
+    uid: int
+    request_id: str
+
+
+EngineCommand = Submit | Abort | MarkCritical | Migrate
 
 
 class StartBarrierError(RuntimeError):
@@ -53,10 +72,12 @@ class EngineOutbox:
     """
 
     def __init__(self, engine: GenerationEngine, *, synced: int = 0,
-                 on_submitted: Callable[[str], None] = lambda request_id: None) -> None:
+                 on_submitted: Callable[[str], None] = lambda request_id: None,
+                 on_migrated: Callable[[int, int, int], None] = lambda uid, src, dst: None) -> None:
         self.engine = engine
         self.synced = synced
         self.on_submitted = on_submitted
+        self.on_migrated = on_migrated
         self._commands: list[EngineCommand] = []
         self._held: list[Submit] = []  # in admission order, until the engine holds their barrier
 
@@ -80,6 +101,12 @@ class EngineOutbox:
     def abort(self, request_id: str) -> None:
         self._commands.append(Abort(request_id))
 
+    def mark_critical(self, request_id: str) -> None:
+        self._commands.append(MarkCritical(request_id))
+
+    def migrate(self, uid: int, request_id: str) -> None:
+        self._commands.append(Migrate(uid, request_id))
+
     def synced_to(self, version: int, *, still_wanted: Callable[[str], bool]) -> None:
         """The engine now holds `version`: queue the held requests whose barrier it meets and that
         `still_wanted(request_id)` (a group dropped or superseded meanwhile is not sent)."""
@@ -101,5 +128,11 @@ class EngineOutbox:
                                         f"but the engine holds v{self.synced}")
             await self.engine.submit(command.request)
             self.on_submitted(command.request.request_id)
-        else:
+        elif isinstance(command, Abort):
             await self.engine.abort(command.request_id)
+        elif isinstance(command, MarkCritical):
+            await self.engine.mark_critical(command.request_id)
+        else:
+            moved = await self.engine.migrate(command.request_id)
+            if moved is not None:
+                self.on_migrated(command.uid, *moved)
