@@ -67,6 +67,7 @@ from jaxrl_async.runtime.supervisor import TaskSupervisor
 from jaxrl_async.runtime.tail import TailHooks
 from jaxrl_async.runtime.tracing import RunTracer
 from jaxrl_async.tasks.base import Prompt, Task
+from jaxrl_async.tasks.lengths import sampling_limits
 from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import apply_decision
@@ -301,14 +302,17 @@ class Controller:
             prompt, attempt = live.prompt, live.rollout.attempt + 1
             self.stats.groups_readmitted += 1
         n = self.cfg.group_size
+        t = self.task.cfg
+        max_new, stops = sampling_limits(t.lengths, t.length_scale, t.length_alpha, prompt.prompt_id,
+                                         self.cfg.max_new_tokens, self.stop_token_ids)  # task.lengths
         rollout = self._collector.open(a.uid, prompt.prompt_id, prompt.prompt_ids, n, attempt)
         self.table.groups[a.uid] = LiveGroup(prompt, rollout)  # RUNNING (no longer LOST)
         self.ledger.admit(a)
         self._tracer.event("admit", uid=a.uid, attempt=attempt, prompt_id=prompt.prompt_id,
                            prompt_tokens=len(prompt.prompt_ids), version=a.version)
         sampling = SamplingParams(
-            max_new_tokens=self.cfg.max_new_tokens, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-            stop_token_ids=self.stop_token_ids, n=n, seed=sampling_seed(self.cfg.seed, a.uid, attempt))
+            max_new_tokens=max_new, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+            stop_token_ids=stops, n=n, seed=sampling_seed(self.cfg.seed, a.uid, attempt))
         # Held until the engine holds `a.version`, the start barrier (Admission docs).
         self._outbox.submit(GenerationRequest(rollout.request_id, list(prompt.prompt_ids), sampling, a.priority),
                             barrier=a.version)

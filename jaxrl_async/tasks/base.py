@@ -28,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from jaxrl_async.tasks.lengths import LENGTHS
 from jaxrl_async.tasks.reward_pool import RewardPool
 from jaxrl_async.tasks.rewards import RewardResult, RewardRunner
 from jaxrl_async.tasks.stream import PromptStream
@@ -79,6 +80,14 @@ class TaskConfig:
     # the last batch's worth of rewards (batch_groups x group_size) failed: it never trains on a
     # batch of fallback scores. 1.0: never stop; 0.0: stop at the first batch with any failure.
     max_reward_failure_rate: float = 0.5
+    # "model": samples end at the model's stop token or max_new_tokens. "heavy_tail": each prompt
+    # gets its own max_new_tokens from the simulator's heavy-tail distribution and stop tokens are
+    # ignored (tasks/lengths.py), so lengths are heavy-tailed on any model (tail benchmarks).
+    lengths: str = "model"
+    # heavy_tail: the Pareto minimum length, as a share of max_new_tokens (0, 1].
+    length_scale: float = 0.1
+    # heavy_tail: the tail index; smaller is heavier.
+    length_alpha: float = 1.5
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
@@ -88,6 +97,9 @@ class TaskConfig:
         check(self.reward_workers >= 1, "task.reward_workers", self.reward_workers, "must be an int >= 1")
         check(0.0 <= self.max_reward_failure_rate <= 1.0, "task.max_reward_failure_rate",
               self.max_reward_failure_rate, "must be in [0, 1] (a share of a batch's rewards)")
+        check(self.lengths in LENGTHS, "task.lengths", self.lengths, f"must be one of {LENGTHS}")
+        check(0.0 < self.length_scale <= 1.0, "task.length_scale", self.length_scale, "must be in (0, 1]")
+        check(self.length_alpha > 0, "task.length_alpha", self.length_alpha, "must be > 0")
         if self.reward_max_hung is not None:
             log.warning("task.reward_max_hung=%s is deprecated and ignored: a hung reward call is killed at "
                         "task.reward_timeout_s (tasks/reward_pool.py); drop the key", self.reward_max_hung)

@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-from jaxrl_async.runtime.outbox import Abort, EngineOutbox, StartBarrierError, Submit
+from jaxrl_async.runtime.outbox import Abort, EngineOutbox, MarkCritical, Migrate, StartBarrierError, Submit
 
 
 class RecordingEngine:
@@ -20,6 +20,13 @@ class RecordingEngine:
 
     async def abort(self, request_id: str) -> None:
         self.calls.append(("abort", request_id))
+
+    async def mark_critical(self, request_id: str) -> None:
+        self.calls.append(("critical", request_id))
+
+    async def migrate(self, request_id: str):
+        self.calls.append(("migrate", request_id))
+        return (0, 1) if request_id.startswith("5.") else None  # group 5 moves, others stay
 
 
 def request(rid: str) -> GenerationRequest:
@@ -76,3 +83,15 @@ def test_a_submission_below_its_barrier_that_reaches_flush_is_refused_before_the
     with pytest.raises(StartBarrierError, match=r"request 5\.0: start barrier v2 but the engine holds v1"):
         asyncio.run(box.flush())
     assert engine.calls == []
+
+
+def test_critical_marks_and_migrations_go_in_order_and_only_a_move_the_engine_made_is_reported():
+    engine, moves = RecordingEngine(), []
+    box = EngineOutbox(engine, on_migrated=lambda uid, src, dst: moves.append((uid, src, dst)))
+    box.mark_critical("5.0")
+    box.migrate(5, "5.0")
+    box.migrate(6, "6.0")  # the engine finds no less loaded replica
+    assert box.commands == (MarkCritical("5.0"), Migrate(5, "5.0"), Migrate(6, "6.0"))
+    asyncio.run(box.flush())
+    assert engine.calls == [("critical", "5.0"), ("migrate", "5.0"), ("migrate", "6.0")]
+    assert moves == [(5, 0, 1)]
