@@ -8,6 +8,7 @@
 - `reward_fns.py`: user reward functions that hang, raise or die on some prompts (light to import).
 - `scripted.py`, `adversarial.py`: policy drivers (scripted events; random possible interleavings).
 - `sim_policies.py`: tiny policies for the simulator tests.
+- `tail_policies.py`: a wrapper policy that asks for migrations (the runtime's tail hooks).
 - `training_run.py`: a small training run's files written by hand (trace, metrics, summary), timed by
   the simulator's cost model, for calibrate's replay and the plots.
 """
