@@ -13,7 +13,11 @@ and worker thread of its own). This front:
   (engines/migration.py). The source delivers the samples' pending pieces before it answers, and
   its output pump forwards them before the target (in another thread, after a prefill) can
   produce the next piece, so each sample's pieces stay in order in the merged stream. An abort
-  that arrives while a request is in transit is sent to the target once it holds the request;
+  that arrives while a request is in transit is sent on once the move is over. A move and a
+  weight push exclude each other (a move is refused during a push, a push waits for a move):
+  outside a push every replica holds the same version, so a moved sample's next tokens are never
+  on older weights than its prefix's — a sample's versions never go down, which the planner's
+  start-version deadline (lookahead's refine_on_start) relies on;
 - pushes new weights to every replica at once and returns when all of them use the version;
 - merges the replicas' output streams into one; an error on one replica's stream ends the
   merged stream with that error, as it would for a single engine.
@@ -46,6 +50,7 @@ class ReplicatedEngine(GenerationEngine):
         self._samples_left: dict[str, int] = {}  # request id -> samples not yet done
         self._load = [0] * len(self.replicas)  # live samples per replica
         self._moving: dict[str, bool] = {}  # request id in transit -> aborted meanwhile
+        self._exclusive = asyncio.Lock()  # held by a weight push or a move (module docstring)
         self._out: asyncio.Queue = asyncio.Queue()
         self._pumps: list[asyncio.Task] = []
 
@@ -86,7 +91,7 @@ class ReplicatedEngine(GenerationEngine):
 
     async def migrate(self, request_id: str) -> tuple[int, int] | None:
         src = self._owner.get(request_id)
-        if src is None or len(self.replicas) < 2 or request_id in self._moving:
+        if src is None or len(self.replicas) < 2 or request_id in self._moving or self._exclusive.locked():
             return None
         source = self.replicas[src]
         others = {i: load for i, load in enumerate(self._load) if i != src}
@@ -95,6 +100,7 @@ class ReplicatedEngine(GenerationEngine):
         if not (others[dst] < self._load[src] - self._samples_left[request_id]
                 and isinstance(source, Migratable) and isinstance(target, Migratable)):
             return None
+        await self._exclusive.acquire()  # free (checked above, nothing awaited since): no wait
         self._moving[request_id] = False
         moved = None
         try:
@@ -107,13 +113,15 @@ class ReplicatedEngine(GenerationEngine):
                 self._owner[request_id] = dst
                 await target.attach(moved)
         finally:
+            self._exclusive.release()
             aborted = self._moving.pop(request_id)
         if aborted:  # to wherever the request is now
             await self.abort(request_id)
         return None if moved is None else (src, dst)
 
     async def update_weights(self, params: Any, version: int) -> None:
-        await asyncio.gather(*(r.update_weights(params, version) for r in self.replicas))
+        async with self._exclusive:
+            await asyncio.gather(*(r.update_weights(params, version) for r in self.replicas))
 
     def outputs(self) -> AsyncIterator[SampleOutput]:
         return read_outputs(self._out)

@@ -9,10 +9,11 @@ import jax
 import pytest
 from flax import nnx
 
-from jaxrl_async.engines.base import (EngineStats, GenerationEngine, GenerationRequest, SamplingParams,
-                                      join_outputs, read_outputs)
+from jaxrl_async.engines.base import (EngineStats, GenerationEngine, GenerationRequest, SampleOutput,
+                                      SamplingParams, join_outputs, read_outputs)
 from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
 from jaxrl_async.engines.jax.engine import JaxEngine
+from jaxrl_async.engines.migration import MovedRequest, MovedSample
 from jaxrl_async.engines.replicated import ReplicatedEngine
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
@@ -128,7 +129,9 @@ def test_an_error_on_one_replica_stream_reaches_the_merged_stream():
 
 async def _read_until(engine, pieces: dict, keys: set) -> None:
     """Read the merged stream into `pieces` until every (request, sample) of `keys` is done."""
-    keys = set(keys)
+    keys = {k for k in keys if not any(p.done for p in pieces.get(k, ()))}
+    if not keys:
+        return
     async for out in engine.outputs():
         pieces.setdefault((out.request_id, out.sample_index), []).append(out)
         if out.done:
@@ -199,3 +202,54 @@ def test_an_abort_during_a_migration_reaches_the_target_and_ends_the_sample_once
     assert moved == (0, 1)
     assert sum(p.done for p in pieces[("long", 0)]) == 1
     assert join_outputs(pieces[("long", 0)]).finish_reason == "abort"
+
+
+class _GatedReplica(_StreamOnly):
+    """A migratable replica whose weight push and detach wait for the test's gates."""
+
+    def __init__(self):
+        super().__init__()
+        self.push_gate, self.detach_gate = asyncio.Event(), asyncio.Event()
+        self.attached: list = []
+
+    async def update_weights(self, params, version: int) -> None:
+        await self.push_gate.wait()
+
+    async def detach(self, request_id: str):
+        await self.detach_gate.wait()
+        return MovedRequest(GenerationRequest(request_id, [1], SamplingParams(8)), (MovedSample(0, (5, 6)),))
+
+    async def attach(self, moved) -> None:
+        self.attached.append(moved)
+
+
+def test_a_move_and_a_weight_push_exclude_each_other_so_a_samples_versions_never_go_down():
+    async def main():
+        replicas = [_GatedReplica(), _GatedReplica()]
+        engine = ReplicatedEngine(replicas)
+        await engine.start()
+        for rid in ("a", "b", "c"):  # a -> 0, b -> 1, c -> 0 (a tie goes to the lowest index)
+            await engine.submit(GenerationRequest(rid, [1], SamplingParams(8)))
+        replicas[1].queue.put_nowait(SampleOutput("b", 0, [], [], [], "stop", True))
+        while engine.replica_of("b") is not None:
+            await asyncio.sleep(0)  # live samples [2, 0]: moving "a" would leave 1 on replica 0
+        push = asyncio.ensure_future(engine.update_weights({}, version=1))
+        await asyncio.sleep(0)
+        during_push = await engine.migrate("a")
+        for r in replicas:
+            r.push_gate.set()
+        await push
+        move = asyncio.ensure_future(engine.migrate("a"))
+        await asyncio.sleep(0)  # the move waits for the source's detach
+        push = asyncio.ensure_future(engine.update_weights({}, version=2))
+        for _ in range(3):
+            await asyncio.sleep(0)
+        push_waited = not push.done()
+        replicas[0].detach_gate.set()
+        moved = await move
+        await push
+        return during_push, push_waited, moved, replicas[1].attached
+
+    during_push, push_waited, moved, attached = asyncio.run(main())
+    assert during_push is None and push_waited and moved == (0, 1)  # the same move, once no push runs
+    assert [m.request_id for m in attached] == ["a"]
