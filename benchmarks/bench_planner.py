@@ -101,7 +101,44 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
         "deadlock": s.get("deadlock", False),
         "length_ks": s["length_bias"]["ks"], "length_ratio": s["length_bias"]["mean_length_ratio"],
         "length_ks_estimate": estimate["ks"],
+        "tail": s["tail"],  # planner_tail.md, not the CSV (its columns stay as they are)
     }
+
+
+TAIL_COLUMNS = (  # (header, figure of summary.json's `tail`, planner/tools/tail.py FIGURES)
+    ("trainer wait", lambda t: t["trainer_wait_fraction"], "{:.0%}"),
+    ("steps bound by generation", lambda t: t["steps_bound_by_generation"], "{:.0%}"),
+    ("wait share, last 5%", lambda t: t["wait_share_last_5pct"], "{:.0%}"),
+    ("critical is longest", lambda t: t["critical_is_longest"], "{:.0%}"),
+    ("critical decode s", lambda t: t["mean_s"]["critical"]["decode_s"], "{:.0f}"),
+    ("other decode s", lambda t: t["mean_s"]["other"]["decode_s"], "{:.0f}"),
+    ("critical s/token p50", lambda t: t["decode_s_per_token"]["critical"]["p50"], "{:.4f}"),
+    ("other s/token p50", lambda t: t["decode_s_per_token"]["other"]["p50"], "{:.4f}"),
+)
+
+
+def tail_table(rows: list[dict], policies: list[str], etas: list[int], head: str) -> list[str]:
+    """Where the tail's time goes, per scenario, policy and η (medians over seeds of each figure)."""
+    lines = [head.replace("# Planner benchmark", "# Planner benchmark: the tail"),
+             "Per step, the critical group is the batch's last to finish (planner/tools/tail.py, "
+             "docs/tail_analysis.md); \"wait share, last 5%\": the trainer's wait that would vanish if each "
+             "batch's last 5% had finished with the rest. Medians over seeds.\n"]
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if not r["extra"] and r["eta"] is not None:
+            cells.setdefault((r["scenario"], r["policy"], r["eta"]), []).append(r["tail"])
+    for sc in SCENARIOS:
+        lines += [f"\n## {sc}\n", "| policy | η | " + " | ".join(h for h, _, _ in TAIL_COLUMNS) + " |",
+                  "|---|---|" + "---|" * len(TAIL_COLUMNS)]
+        for p in policies:
+            for eta in etas:
+                tails = cells.get((sc, p, eta), [])
+                out = []
+                for _, get, fmt in TAIL_COLUMNS:
+                    values = [v for v in (get(t) for t in tails) if v is not None]
+                    out.append(fmt.format(statistics.median(values)) if values else "–")
+                lines.append(f"| {p} | {eta} | " + " | ".join(out) + " |")
+    return lines
 
 
 def staleness_bound(config) -> int | None:
@@ -221,7 +258,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "planner_runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k != "tail"], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
 
@@ -289,6 +326,9 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     (out / "planner.md").write_text(text)
     print(text)
+    tail_text = "\n".join(tail_table(rows, policies, args.etas, head=lines[0])) + "\n"
+    (out / "planner_tail.md").write_text(tail_text)
+    print(tail_text)
     return 0
 
 

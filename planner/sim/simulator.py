@@ -54,9 +54,11 @@ from planner.sim.group import SimGroup
 from planner.sim.metrics import RunMetrics
 from planner.sim.recorder import EventRecorder
 from planner.sim.stream import AdmissionWindow
+from planner.sim.tail_log import TailLog
 from planner.sim.trainer import SimTrainer
 from planner.sim.workers import Worker
 from planner.sim.workloads import Workload, workload_params
+from planner.tools.tail import steps_from_metrics, tail
 from planner.types import Admission, Decision, Drop, GroupState, Move, PlanContext
 
 MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock
@@ -117,6 +119,7 @@ class Simulator:
         self.trainer = SimTrainer(cfg.trainer, ctx.total_steps)
         self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
         self.metrics = RunMetrics()
+        self.tail = TailLog()
         self.queue = EventQueue()
         self.now = 0.0
         self.groups: dict[int, SimGroup] = {}  # admitted, untrained, not dropped
@@ -209,6 +212,7 @@ class Simulator:
             g = self.lost.pop(a.uid)
             self.readmissions += 1
         self.ledger.admit(a)
+        self.tail.admitted(a.uid, self.now)
         g.priority = a.priority
         g.min_version = a.version
         g.hangs = bool(self.stall_prob) and self.stall_rng.random() < self.stall_prob  # drawn per attempt
@@ -243,6 +247,7 @@ class Simulator:
             g.state = GroupState.TRAINED
             del self.groups[uid]
         self.ledger.train(step, [(uid, v) for uid, v, _ in batch])
+        self.tail.trained(step, uids)
         hist = self.metrics.train(step, batch)
         tokens = sum(hist.values())
         wait = self.now - trainer.wait_since
@@ -303,6 +308,7 @@ class Simulator:
         if g.stuck:  # a hung attempt: the watchdog gives up on it stall_timeout_s from now
             self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
         self.ledger.start(g.uid, w.version)
+        self.tail.started(g.uid, w.index, self.now, w.stalled_by(self.now))
         self._changed = True
         self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
         if g.state == GroupState.DONE:  # nothing to generate
@@ -310,6 +316,7 @@ class Simulator:
 
     def _finished(self, g: SimGroup, version: int) -> None:
         last = tuple(g.last_versions) if g.last_versions else (version,)
+        self.tail.finished(g.uid, self.now, self.workers[g.worker].stalled_by(self.now), max(g.rem, default=0))
         self._changed = self._ask = True
         self._apply(
             self.p.on_group_finished(uid=g.uid, versions=g.versions_list(), now=self.now, last_versions=last),
@@ -320,6 +327,7 @@ class Simulator:
         """Weights `version` go onto `w` (partial rollout books in-flight tokens to the old version)."""
         for g, old, tokens in w.apply_version(self.now, version):
             self._apply(self.p.on_tokens(uid=g.uid, version=old, tokens=tokens, now=self.now), "on_tokens")
+        self.tail.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)
         self._out.append((w.stall_until, EventKind.SYNC_DONE, (w.index, version, w.life)))
 
     def _begin_load(self, w: Worker, version: int) -> None:
@@ -477,4 +485,5 @@ class Simulator:
             policy_params=dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
             workload=workload_params(self.workload),
             seed=self.seed,
+            tail=tail(self.tail.groups(), steps_from_metrics(self.metrics.steps)),
         )

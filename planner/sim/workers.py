@@ -48,7 +48,7 @@ class Worker:
         "index", "speed", "alpha", "beta", "prefill", "t_sync", "max_seqs", "kv_cap",
         "counter", "t_last", "stall_until", "active", "seqs", "runs", "queue", "kv_used",
         "version", "synced_version", "pending_version", "alive", "life", "epoch", "busy_since", "busy_total",
-        "stuck", "slow", "_next_token",
+        "stuck", "slow", "stall_total", "_next_token",
     )
 
     def __init__(self, index: int, cfg: WorkerConfig) -> None:
@@ -63,6 +63,7 @@ class Worker:
         self.counter = 0.0  # cumulative decode steps
         self.t_last = 0.0  # time at which `counter` is exact
         self.stall_until = cfg.compile_s  # no decoding before this time (compile, prefill, weight load)
+        self.stall_total = cfg.compile_s  # seconds of every stall so far, the queued ones included
         self.active = 0  # sequences decoding
         self.stuck = 0  # sequences of hung runs: they hold slots but never advance
         self.seqs: list[tuple[float, int]] = []  # heap of (finish counter, run token)
@@ -107,6 +108,12 @@ class Worker:
 
     def stall(self, now: float, seconds: float) -> None:
         self.stall_until = (self.stall_until if self.stall_until > now else now) + seconds
+        self.stall_total += seconds
+
+    def stalled_by(self, now: float) -> float:
+        """Seconds this worker has stood still up to `now` (the tail analysis, planner/sim/tail_log.py).
+        Exact: stalls queue one after another, so what is still to come is `stall_until − now`."""
+        return self.stall_total - (self.stall_until - now if self.stall_until > now else 0.0)
 
     def _set_active(self, now: float, active: int) -> None:
         if active and not self.active:
