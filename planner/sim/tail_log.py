@@ -15,6 +15,7 @@ Recording reads no random stream and changes no decision: a run is the same with
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
 
 from planner.tools.tail import GroupTimes
@@ -48,15 +49,29 @@ class TailLog:
         for uid in uids:
             self._step[uid] = step
 
+    def _load_s(self, worker: int, start: float, end: float) -> float:
+        """Seconds of `worker`'s weight loads inside [start, end]: its loads are in time order and
+        do not overlap (a worker loads one version at a time), so a bisection finds the first."""
+        loads = self._loads.get(worker, [])
+        ends = self._ends.get(worker)
+        if ends is None:
+            ends = self._ends[worker] = [b for _, b in loads]
+        total = 0.0
+        for a, b in loads[bisect_right(ends, start):]:
+            if a >= end:
+                break
+            total += min(end, b) - max(start, a)
+        return total
+
     def groups(self) -> list[GroupTimes]:
+        self._ends: dict[int, list[float]] = {}
         out = []
         for uid, step in self._step.items():
             done = self._done.get(uid)
             if done is None:
                 continue
             worker, start, end, stalled, steps = done
-            load = sum(max(0.0, min(end, b) - max(start, a)) for a, b in self._loads.get(worker, ()))
-            load = min(load, stalled)
+            load = min(self._load_s(worker, start, end), stalled)
             out.append(GroupTimes(uid, step, worker, self._admit[uid], start, end, steps,
                                   max(0.0, end - start - stalled), load, stalled - load))
         return out
