@@ -108,3 +108,10 @@ def test_the_command_prints_the_figures_and_refuses_a_directory_without_a_run(tm
                           text=True)
     assert done.returncode == 1
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and "trace.jsonl" in done.stderr
+
+
+def test_a_simulated_run_directory_prints_the_tail_its_summary_holds(tmp_path, capsys):
+    groups, steps = straggler_run()
+    (tmp_path / "summary.json").write_text(json.dumps({"policy": "lookahead", "tail": tail(groups, steps)}))
+    assert main([str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["wait_share_last_5pct"] == pytest.approx(7.0 / 11.0)
