@@ -451,6 +451,7 @@ class Simulator:
     def _on_restart(self, index: int) -> None:
         w = self.workers[index]
         w.revive(self.now, self.published)
+        self.tail.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)  # a restart loads the newest weights
         self._changed = True
         parked, self.parked = self.parked, []
         for g in parked:

@@ -15,10 +15,9 @@ Recording reads no random stream and changes no decision: a run is the same with
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from collections import defaultdict
 
-from planner.tools.tail import GroupTimes
+from planner.tools.tail import GroupTimes, loaded_s
 
 
 class TailLog:
@@ -49,29 +48,15 @@ class TailLog:
         for uid in uids:
             self._step[uid] = step
 
-    def _load_s(self, worker: int, start: float, end: float) -> float:
-        """Seconds of `worker`'s weight loads inside [start, end]: its loads are in time order and
-        do not overlap (a worker loads one version at a time), so a bisection finds the first."""
-        loads = self._loads.get(worker, [])
-        ends = self._ends.get(worker)
-        if ends is None:
-            ends = self._ends[worker] = [b for _, b in loads]
-        total = 0.0
-        for a, b in loads[bisect_right(ends, start):]:
-            if a >= end:
-                break
-            total += min(end, b) - max(start, a)
-        return total
-
     def groups(self) -> list[GroupTimes]:
-        self._ends: dict[int, list[float]] = {}
+        ends = {w: [b for _, b in v] for w, v in self._loads.items()}  # loads come in time order
         out = []
         for uid, step in self._step.items():
             done = self._done.get(uid)
             if done is None:
                 continue
             worker, start, end, stalled, steps = done
-            load = min(self._load_s(worker, start, end), stalled)
+            load = min(loaded_s(self._loads.get(worker, []), ends.get(worker, []), start, end), stalled)
             out.append(GroupTimes(uid, step, worker, self._admit[uid], start, end, steps,
                                   max(0.0, end - start - stalled), load, stalled - load))
         return out

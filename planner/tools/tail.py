@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import math
+from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -182,6 +183,17 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
+def loaded_s(loads: Sequence[tuple[float, float]], ends: Sequence[float], t0: float, t1: float) -> float:
+    """Seconds of `loads` ((start, end), in time order, not overlapping: one worker loads one
+    version at a time; `ends` their ends) inside [t0, t1]: a bisection finds the first."""
+    total = 0.0
+    for a, b in loads[bisect_right(ends, t0):]:
+        if a >= t1:
+            break
+        total += _overlap(t0, t1, a, b)
+    return total
+
+
 def groups_from_trace(events: Sequence[Mapping[str, Any]], trained: Mapping[int, int]) -> list[GroupTimes]:
     """`GroupTimes` of every trained group (`trained`: uid -> step, from the ledger) whose last
     attempt the trace saw admitted, started and finished. A group's step cost is the mean s/step
@@ -202,22 +214,31 @@ def groups_from_trace(events: Sequence[Mapping[str, Any]], trained: Mapping[int,
             loads[e["worker"]].append((e["t"], e["t"] + e["s"]))
         elif kind == "decode" and not e.get("compile") and e["steps"]:
             drains[e["worker"]].append((e["t"], e["steps"], e["s"]))
+    # Per worker, the drains in time order with running sums: a group's window is two bisections.
+    sums: dict[int, tuple[list[float], np.ndarray, np.ndarray]] = {}
+    for w, lines in drains.items():
+        lines.sort()
+        sums[w] = ([t for t, _, _ in lines], np.cumsum([0, *(n for _, n, _ in lines)]),
+                   np.cumsum([0.0, *(sec for _, _, sec in lines)]))
+    for w in loads:
+        loads[w].sort()
+    load_ends = {w: [b for _, b in v] for w, v in loads.items()}
     out = []
     for uid, step in trained.items():
         a, s, f = admit.get(uid), start.get(uid), finish.get(uid)
         if a is None or s is None or f is None or not (a["attempt"] == s["attempt"] == f["attempt"]):
             continue
         w, t0, t1 = s["worker"], s["t"], f["t"]
-        steps_needed = max(f["lengths"], default=0)
-        lines = drains.get(w, [])
-        after = [t for t, _, _ in lines if t >= t1]
-        t_end = min(after) if after else math.inf
-        window = [(n, sec) for t, n, sec in lines if t0 <= t <= t_end]
-        cost = sum(sec for _, sec in window) / sum(n for n, _ in window) if window else None
-        if cost is None:
+        if w not in sums:
             continue  # an engine that times no iterations: no step cost to read
-        load = sum(_overlap(t0, t1, b0, b1) for b0, b1 in loads.get(w, []))
-        out.append(GroupTimes(uid, step, w, a["t"], t0, t1, steps_needed, steps_needed * cost, load, None))
+        ts, steps_sum, s_sum = sums[w]
+        i, j = bisect_left(ts, t0), min(bisect_left(ts, t1) + 1, len(ts))  # through the first drain at/after t1
+        if j <= i:
+            continue
+        cost = float(s_sum[j] - s_sum[i]) / float(steps_sum[j] - steps_sum[i])
+        steps_needed = max(f["lengths"], default=0)
+        out.append(GroupTimes(uid, step, w, a["t"], t0, t1, steps_needed, steps_needed * cost,
+                              loaded_s(loads.get(w, []), load_ends.get(w, []), t0, t1), None))
     return out
 
 
