@@ -308,7 +308,7 @@ class Simulator:
         if g.stuck:  # a hung attempt: the watchdog gives up on it stall_timeout_s from now
             self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
         self.ledger.start(g.uid, w.version)
-        self.tail.started(g.uid, w.index, self.now, w.stalled_by(self.now))
+        self.tail.started(g.uid, w.index, self.now, w.stalled_by(self.now), max(g.rem, default=0))
         self._changed = True
         self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
         if g.state == GroupState.DONE:  # nothing to generate
@@ -316,7 +316,7 @@ class Simulator:
 
     def _finished(self, g: SimGroup, version: int) -> None:
         last = tuple(g.last_versions) if g.last_versions else (version,)
-        self.tail.finished(g.uid, self.now, self.workers[g.worker].stalled_by(self.now), max(g.rem, default=0))
+        self.tail.finished(g.uid, g.worker, self.now, self.workers[g.worker].stalled_by(self.now))
         self._changed = self._ask = True
         self._apply(
             self.p.on_group_finished(uid=g.uid, versions=g.versions_list(), now=self.now, last_versions=last),

@@ -11,6 +11,7 @@ from planner.ledger import LedgerWriter
 from planner.registry import make_policy
 from planner.sim import SimConfig, Simulator, WorkerConfig, make_workload
 from planner.tools.audit import audit
+from planner.sim.tail_log import TailLog
 from planner.tools.tail import critical_groups
 from planner.types import PlanContext
 
@@ -66,3 +67,18 @@ def test_with_a_constant_step_cost_a_simulated_groups_decode_is_exactly_its_step
     groups = sim.tail.groups()
     assert all(abs(g.decode_s - g.decode_steps * cfg.workers.decode_alpha) < 1e-6 for g in groups)
     assert all(g.prefill_s > 0 for g in groups)  # non-trivial: every run is stalled by prefill
+
+
+def test_a_migrated_groups_seconds_are_the_sums_of_its_runs_and_an_unrecorded_move_is_left_out():
+    log = TailLog()
+    for uid in (1, 2):
+        log.admitted(uid, 0.0)
+        log.started(uid, 0, 1.0, stalled=0.5, steps=70)
+    # uid 1: 1 -> 4 s on worker 0 (0.5 s stalled), then 4 -> 10 s on worker 1 (2 s: transfer + re-prefill)
+    log.migrated(1, 4.0, stalled=1.0, worker=1, worker_stalled=10.0)
+    log.finished(1, 1, 10.0, stalled=12.0)
+    log.finished(2, 1, 10.0, stalled=12.0)  # moved without `migrated`: no trustworthy record
+    log.trained(0, [1, 2])
+    (g,) = log.groups()
+    assert (g.uid, g.worker, g.start_s, g.finish_s, g.decode_steps) == (1, 1, 1.0, 10.0, 70)
+    assert (g.decode_s, g.prefill_s, g.load_s) == (2.5 + 4.0, 0.5 + 2.0, 0.0)
