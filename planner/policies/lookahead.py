@@ -31,6 +31,25 @@ deadline d(g) = a(g)+η. The planner keeps the EDF condition (F) of `planner.fea
 
 With η = null (unbounded) it admits up to B·S groups at once and trains in completion order:
 the async throughput ceiling of the benchmark.
+
+The tail (docs/design.md §tail): when `select_batch(step=k)` cannot train batch k, the trainer
+waits, and the running (or queued) groups with deadline <= k are the ones batch k cannot do
+without — nothing here drops, so each must be trained at k. The policy names them in
+`Decision.critical` (an engine with `speculation.when=critical` speculates them) and, with
+`policy.migrate=true`, the running ones also in `Decision.migrate` (the driver moves each to a
+less loaded replica, if there is one). A group bound to k that starts while the trainer still
+waits for k is marked at its start. Each uid is named at most once per attempt in each list (a
+lost group's re-admission is a new attempt), so a group never ping-pongs between replicas. The
+rule reads only the events the driver reports: clock-free and synchronous like the rest.
+
+Why neither decision can break the bound: speculation and migration change *how fast* a group's
+tokens come, never the version of a token. Kept tokens keep their versions (a migrated prefix
+moves with its versions; the ledger's `migrate` line lists them and the audit checks that the
+trained group still holds them). New tokens are sampled on weights >= a(g): speculative sampling
+emits the policy's own tokens at the engine's current version, and a migration target must hold
+weights at least the group's start barrier / current version, as a re-admission's does
+(`Admission.version`), so every token's version stays in [a(g), d(g)] and d(g) - a(g) <= η.
+Neither changes a deadline, the counts of (F) or the plan, so L1 and L3 argue as before.
 """
 
 from __future__ import annotations
@@ -57,6 +76,9 @@ class LookaheadParams:
     # Cap on |U| (admitted, untrained groups), >= B; below the quota's B·(η+1) it admits just
     # enough to keep the trainer busy, so a trainer-bound run trains fresher tokens.
     max_untrained_groups: int | None = None
+    # Also ask the driver to migrate the groups the waiting trainer needs (Decision.migrate) to
+    # a less loaded replica; each group at most once per attempt. Critical marks are always sent.
+    migrate: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_inflight_groups", "kv_token_budget", "max_untrained_groups"):
@@ -84,6 +106,9 @@ class Lookahead(PolicyBase):
         self._ready: list[tuple[int, int, int]] = []  # heap of DONE groups: (deadline, finish_seq, uid)
         self._inflight_tokens = 0.0  # predicted tokens of in-flight groups
         self._moves: list[Move] = []  # re-planning done while admitting, returned with the admissions
+        self._waiting: int | None = None  # the step select_batch could not train (the trainer waits)
+        self._marked: set[int] = set()  # uids named in Decision.critical in their current attempt
+        self._migrated: set[int] = set()  # uids named in Decision.migrate in their current attempt
 
     # ------------------------------------------------------------------ L1
     def admission_quota(self, now: float) -> int:
@@ -162,7 +187,30 @@ class Lookahead(PolicyBase):
         super().on_group_started(uid=uid, version=version, now=now)
         if first_start and self.eta is not None and self.params.refine_on_start:
             self._set_deadline(g, version + self.eta)
+        if self._waiting is not None and g is not None and g.deadline is not None and g.deadline <= self._waiting:
+            return self._tail([g])  # bound to the step the trainer waits for, and started late
         return Decision()
+
+    def _tail(self, groups: Sequence[Group]) -> Decision:
+        """The critical marks (and migrations) for `groups`, bound to the waiting step; each uid
+        once per attempt."""
+        critical = [g.uid for g in groups if g.uid not in self._marked]
+        self._marked.update(critical)
+        migrate: list[int] = []
+        if self.params.migrate:
+            migrate = [g.uid for g in groups if g.status == GroupState.RUNNING and g.uid not in self._migrated]
+            self._migrated.update(migrate)
+        return Decision(critical=critical, migrate=migrate)
+
+    def _bound_to(self, step: int) -> list[Group]:
+        """In-flight groups with deadline <= step: batch `step` cannot do without them."""
+        return [g for g in self.groups.values()
+                if g.status <= GroupState.RUNNING and g.deadline is not None and g.deadline <= step]
+
+    def on_group_lost(self, *, uid: int, prefix_kept: bool, now: float) -> Decision:
+        self._marked.discard(uid)  # its re-admission is a new attempt, on an engine that has not marked it
+        self._migrated.discard(uid)
+        return super().on_group_lost(uid=uid, prefix_kept=prefix_kept, now=now)
 
     def _set_deadline(self, g: Group, deadline: int) -> None:
         """Move g to a later deadline (never earlier: that could break (F))."""
@@ -181,6 +229,8 @@ class Lookahead(PolicyBase):
         was_inflight = g is not None and g.status in (GroupState.QUEUED, GroupState.RUNNING)
         super().on_group_finished(uid=uid, versions=versions, now=now, last_versions=last_versions)
         if was_inflight:
+            self._marked.discard(uid)
+            self._migrated.discard(uid)
             self._inflight_tokens -= (g.predicted_tokens or 0.0) * self.ctx.group_size
             self.predictor.observe(g.prompt_id, g.tokens / self.ctx.group_size)
             if g.deadline is not None:
@@ -197,6 +247,16 @@ class Lookahead(PolicyBase):
 
     # ------------------------------------------------------------------ L3
     def choose_batch(self, step: int, now: float) -> Decision:
+        decision = self._choose_batch(step)
+        if decision.train is not None or self.eta is None:
+            self._waiting = None
+            return decision
+        self._waiting = step  # the trainer waits: speed up the groups batch `step` needs
+        tail = self._tail(self._bound_to(step))
+        decision.critical, decision.migrate = tail.critical, tail.migrate
+        return decision
+
+    def _choose_batch(self, step: int) -> Decision:
         if self.num_done < self.B:
             return Decision()  # forced: fewer than B groups are done
         if self.eta is None:
@@ -263,6 +323,7 @@ class Lookahead(PolicyBase):
             "plan": [[s, sorted(uids)] for s, uids in self.plan.items()],
             "predictor": self.predictor.state_dict(),
             "inflight_tokens": self._inflight_tokens,
+            "tail": {"waiting": self._waiting, "marked": sorted(self._marked), "migrated": sorted(self._migrated)},
         }
 
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
@@ -271,5 +332,8 @@ class Lookahead(PolicyBase):
         self.counts = {int(d): int(c) for d, c in state["counts"]}
         self.plan = {int(s): set(uids) for s, uids in state["plan"]}
         self._inflight_tokens = state["inflight_tokens"]
+        tail = state.get("tail", {})  # absent in checkpoints written before the tail rule
+        self._waiting = tail.get("waiting")
+        self._marked, self._migrated = set(tail.get("marked", ())), set(tail.get("migrated", ()))
         self._ready = [(g.deadline, g.finish_seq, g.uid) for g in self._done.values() if g.deadline is not None]
         heapq.heapify(self._ready)

@@ -182,7 +182,7 @@ class Simulator:
 
     # ================================================================== decisions
     def _apply(self, d: Decision, call: str) -> None:
-        if d.admit or d.drop or d.moves or d.train is not None:  # most decisions are empty: the hot path
+        if d.admit or d.drop or d.moves or d.train is not None or d.critical or d.migrate:  # most are empty: the hot path
             apply_decision(self, d, call=call, policy=self.policy.name)
 
     # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
@@ -310,7 +310,10 @@ class Simulator:
         self.ledger.start(g.uid, w.version)
         self.tail.started(g.uid, w.index, self.now, w.stalled_by(self.now), max(g.rem, default=0))
         self._changed = True
-        self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
+        d = self.p.on_group_started(uid=g.uid, version=w.version, now=self.now)
+        if g.state == GroupState.DONE and (d.critical or d.migrate):  # done at its start: nothing to speed up
+            d.critical, d.migrate = [u for u in d.critical if u != g.uid], [u for u in d.migrate if u != g.uid]
+        self._apply(d, "on_group_started")
         if g.state == GroupState.DONE:  # nothing to generate
             self._finished(g, w.version)
 

@@ -1,0 +1,112 @@
+"""Lookahead's tail rule: while the trainer waits for batch k, the in-flight groups bound to k are
+named critical (and, with policy.migrate, migrated), each once per attempt, and the bound holds."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.policies.lookahead import Lookahead, LookaheadParams
+from planner.sim import EventRecorder, SimConfig, Simulator, first_divergence, make_workload
+from planner.tools.audit import audit
+from planner.types import Candidate, PlanContext
+from tests.helpers.adversarial import AdversarialDriver
+
+
+def started_policy(migrate: bool) -> tuple[Lookahead, list[int]]:
+    """B=2, η=1: four groups admitted at version 0 (deadline 1), three started, one finished."""
+    p = Lookahead(PlanContext(batch_groups=2, group_size=1, max_staleness=1, total_steps=4),
+                  LookaheadParams(migrate=migrate))
+    uids = [a.uid for a in p.admit(now=0, candidates=[Candidate(i, i) for i in range(4)]).admit]
+    for uid in uids[:3]:
+        p.on_group_started(uid=uid, version=0, now=0)
+    p.on_group_finished(uid=uids[0], versions=[(0, 5)], now=1)
+    return p, uids
+
+
+def test_a_waiting_trainer_marks_the_groups_its_batch_needs_once():
+    p, uids = started_policy(migrate=False)
+    d = p.select_batch(step=0, now=1)
+    assert d.train is None
+    planned0 = sorted(u for u in uids if p.groups[u].planned_step == 0 and p.groups[u].deadline <= 0)
+    assert planned0 == []  # η=1: deadline 1 > step 0, so nothing is bound to step 0 yet
+    assert d.critical == [] and d.migrate == []
+    # Step 0 trains two finished groups; step 1 then needs the two left (deadline 1).
+    p.on_group_finished(uid=uids[1], versions=[(0, 3)], now=2)
+    assert p.select_batch(step=0, now=2).train == [uids[0], uids[1]]
+    p.on_step_done(step=0, now=3)
+    d = p.select_batch(step=1, now=3)
+    assert d.train is None
+    assert d.critical == [uids[2], uids[3]]  # the running one and the queued one
+    assert d.migrate == []  # policy.migrate=false
+    assert not p.select_batch(step=1, now=3).critical  # once per attempt
+
+
+def test_with_migrate_the_running_groups_bound_to_the_step_move_once_per_attempt():
+    p, uids = started_policy(migrate=True)
+    p.on_group_finished(uid=uids[1], versions=[(0, 3)], now=2)
+    p.select_batch(step=0, now=2)
+    p.on_step_done(step=0, now=3)
+    d = p.select_batch(step=1, now=3)
+    assert d.critical == [uids[2], uids[3]] and d.migrate == [uids[2]]  # only a running group moves
+    # The queued one starts (on version 0) while the trainer still waits: moved at its start.
+    d = p.on_group_started(uid=uids[3], version=0, now=4)
+    assert d.critical == [] and d.migrate == [uids[3]]
+    assert not p.select_batch(step=1, now=4).migrate  # never twice: no ping-pong
+    # A lost group is a new attempt: marked again once it runs again.
+    readmit = p.on_group_lost(uid=uids[2], prefix_kept=True, now=5).admit
+    assert [a.uid for a in readmit] == [uids[2]]
+    d = p.on_group_started(uid=uids[2], version=0, now=6)
+    assert d.critical == [uids[2]] and d.migrate == [uids[2]]
+
+
+def test_a_group_that_starts_on_newer_weights_is_not_bound_to_the_waiting_step():
+    p, uids = started_policy(migrate=True)
+    p.on_group_finished(uid=uids[1], versions=[(0, 3)], now=2)
+    p.select_batch(step=0, now=2)
+    p.on_step_done(step=0, now=3)
+    p.select_batch(step=1, now=3)
+    p.on_group_lost(uid=uids[3], prefix_kept=False, now=4)  # regenerated: a new attempt
+    d = p.on_group_started(uid=uids[3], version=1, now=4)  # refined deadline 2 > 1
+    assert p.groups[uids[3]].deadline == 2 and not d.critical and not d.migrate
+
+
+def test_the_tail_state_survives_a_checkpoint():
+    p, uids = started_policy(migrate=True)
+    p.on_group_finished(uid=uids[1], versions=[(0, 3)], now=2)
+    p.select_batch(step=0, now=2)
+    p.on_step_done(step=0, now=3)
+    p.select_batch(step=1, now=3)
+    q = Lookahead(p.ctx, LookaheadParams(migrate=True))
+    q.load_state_dict(p.state_dict())
+    assert not q.select_batch(step=1, now=3).critical  # already marked before the checkpoint
+    assert q.on_group_started(uid=uids[3], version=0, now=4).migrate == [uids[3]]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), eta=st.integers(0, 3), batch=st.integers(1, 4), steps=st.integers(1, 8),
+       faults=st.booleans())
+def test_tail_decisions_keep_the_bound_exact_without_drops(seed, eta, batch, steps, faults):
+    ctx = PlanContext(batch_groups=batch, group_size=2, max_staleness=eta, total_steps=steps)
+    with tempfile.TemporaryDirectory() as tmp:
+        policy = Lookahead(ctx, LookaheadParams(migrate=True))
+        out = AdversarialDriver(policy, Path(tmp), seed, faults=faults).run()
+        report = audit(tmp, eta)
+    assert not out.deadlock and out.steps == steps
+    assert report.ok, report.verdict()
+    assert report.groups_dropped == 0 and report.max_token_staleness <= eta
+
+
+def test_a_simulated_run_with_critical_marks_replays_from_its_recording(tmp_path):
+    ctx = PlanContext(4, 4, 1, 10)
+    recorder = EventRecorder()
+    Simulator(Lookahead(ctx, LookaheadParams(migrate=True)), ctx, make_workload({"name": "heavy_tail"}, 4),
+              SimConfig(), seed=1, recorder=recorder).run()
+    assert any(c.decision.critical for c in recorder.calls), "the run must exercise the tail rule"
+    assert any(c.decision.migrate for c in recorder.calls)
+    recorder.dump(tmp_path / "events.jsonl")
+    loaded = EventRecorder.load(tmp_path / "events.jsonl")
+    assert first_divergence(loaded, Lookahead(ctx, LookaheadParams(migrate=True))) is None
