@@ -99,3 +99,28 @@ def test_more_active_sequences_than_max_active_decode_without_drafts(h):
     assert all(len(o.token_ids) == 32 and o.versions == [[h.version, 32]] for o in outs)
     _, drafted, _ = _counted(h, h.generate("m1", PROMPT, **{**crowded, "n": MAX_ACTIVE}))
     assert drafted > 0  # the gate, not the prompt or the model, kept the crowded request from drafting
+
+
+@pytest.fixture
+def drafted(tmp_path):
+    """A second engine whose draft model is the target's own initial checkpoint (the directory
+    make_engine writes before vLLM starts): every greedy draft is the target's argmax."""
+    spec = SpeculationConfig(when="always", method="draft", tokens=3, draft_model=str(tmp_path / "model"))
+    harness = _Harness(tmp_path, speculation=spec)
+    yield harness
+    harness.close()
+
+
+def test_a_draft_model_speculates_and_a_stale_draft_after_a_push_changes_no_logprob(drafted):
+    h = drafted
+    (out,), n_drafted, accepted = _counted(h, h.generate("d0", PROMPT, max_new_tokens=32))
+    assert n_drafted > 0 and accepted == n_drafted, f"an identical draft had {accepted} of {n_drafted} accepted"
+    np.testing.assert_allclose(out.logprobs, _teacher_forced(h.models[0], PROMPT, out.token_ids), atol=ATOL)
+    # vLLM loads the draft once: pushes reach the target only, so the draft is now stale.
+    h.run(h.push(seed=7))
+    outs, n_drafted, _ = _counted(h, h.generate("d1", PROMPT, n=2, max_new_tokens=32, temperature=1.0, seed=3))
+    assert n_drafted > 0
+    for out in outs:
+        assert out.versions == [[h.version, 32]]
+        np.testing.assert_allclose(out.logprobs, _teacher_forced(h.models[h.version], PROMPT, out.token_ids),
+                                   atol=ATOL)
