@@ -9,7 +9,7 @@ speculation really happened is read from vLLM's own counters of drafted and acce
 (`vllm.v1.metrics.reader`), which its in-process AsyncLLM updates every iteration.
 
 The tiny random model is nearly flat at temperature > 0 (a drafted token is kept with the
-target's probability of it, ~1/264), so the sampling test pushes a peaked copy (LM head x16)
+target's probability of it, ~1/264), so the sampling test pushes a peaked copy (LM head x32)
 where drafts are sometimes accepted; it also checks speculation across a weight push.
 """
 
@@ -74,7 +74,7 @@ def test_sampled_tokens_under_speculation_carry_raw_logprobs_after_a_push(h):
 
     model = _model(1)
     params = _params(model)
-    params["lm_head"] = params["lm_head"] * 16.0  # peaked: drafts are sometimes right
+    params["lm_head"] = params["lm_head"] * 32.0  # peaked: drafts are sometimes right
     state = nnx.state(model, nnx.Param)
     nnx.replace_by_pure_dict(state, params)
     nnx.update(model, state)
@@ -82,10 +82,15 @@ def test_sampled_tokens_under_speculation_carry_raw_logprobs_after_a_push(h):
     h.models[h.version] = model
     h.run(h.engine.update_weights(params, h.version))
 
-    outs, drafted, accepted = _counted(h, h.generate("s0", PROMPT, n=MAX_ACTIVE, max_new_tokens=48,
-                                                     temperature=0.7, seed=5))
+    # A request keeps a few of its ~180 drafts (0 in about 1 of 15 runs): four seeds together
+    # make "none was accepted" a sign of broken speculation, not of chance.
+    outs, drafted, accepted = [], 0.0, 0.0
+    for seed in range(4):
+        group, d, a = _counted(h, h.generate(f"s{seed}", PROMPT, n=MAX_ACTIVE, max_new_tokens=48,
+                                             temperature=0.7, seed=seed))
+        assert len({tuple(o.token_ids) for o in group}) > 1, "two samples at T=0.7 were identical"
+        outs, drafted, accepted = outs + group, drafted + d, accepted + a
     assert drafted > 0 and accepted > 0, f"speculation drafted {drafted}, accepted {accepted} tokens"
-    assert len({tuple(o.token_ids) for o in outs}) > 1, "two samples at T=0.7 were identical"
     for out in outs:
         assert out.versions == [[h.version, 48]]
         np.testing.assert_allclose(out.logprobs, _teacher_forced(model, PROMPT, out.token_ids), atol=ATOL)
@@ -114,7 +119,8 @@ def drafted(tmp_path):
 def test_a_draft_model_speculates_and_a_stale_draft_after_a_push_changes_no_logprob(drafted):
     h = drafted
     (out,), n_drafted, accepted = _counted(h, h.generate("d0", PROMPT, max_new_tokens=32))
-    assert n_drafted > 0 and accepted == n_drafted, f"an identical draft had {accepted} of {n_drafted} accepted"
+    # Identical weights: all kept (24 of 24 measured); 90% leaves room for float near-ties of argmax.
+    assert n_drafted > 0 and accepted >= 0.9 * n_drafted, f"an identical draft had {accepted} of {n_drafted} accepted"
     np.testing.assert_allclose(out.logprobs, _teacher_forced(h.models[0], PROMPT, out.token_ids), atol=ATOL)
     # vLLM loads the draft once: pushes reach the target only, so the draft is now stale.
     h.run(h.push(seed=7))
