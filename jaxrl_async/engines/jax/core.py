@@ -63,7 +63,7 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import jax
@@ -71,11 +71,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl_async.engines.jax import layout
+from jaxrl_async.engines.jax import layout, speculative
 from jaxrl_async.engines.base import (GenerationRequest, RequestLimits, SampleOutput, SamplingParams,
                                       check_new_request_id)
 from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
 from jaxrl_async.engines.jax.weights import accept_params
+from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.config import DTYPES, ModelConfig
 from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
@@ -87,7 +88,7 @@ SyncMode = Literal["partial", "drain"]
 COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
 _STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps", "engine_prefill_paged", "engine_copy_page",
-          "engine_read_pages", "engine_write_pages")
+          "engine_read_pages", "engine_write_pages", "engine_speculate")
 
 
 def _count_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -149,6 +150,8 @@ class EngineConfig:
       kv_pages: total KV pages when page_size > 0; None: num_slots * max_len / page_size (the
         positions the contiguous cache holds). At least max_len / page_size, so that one
         sequence of max_len always fits (the rule that guarantees progress).
+      speculation: `engine.speculation.*` (engines/speculation.py): exact speculative decoding
+        (speculative.py) while at most `max_active` slots are active; contiguous cache only.
 
     `EngineCore` does not read the last three: the caller builds one mesh per replica from them
     and passes it (`EngineCore(..., mesh=)`).
@@ -169,6 +172,7 @@ class EngineConfig:
     colocate: bool = True
     page_size: int = 0
     kv_pages: int | None = None
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
         p = "EngineConfig"
@@ -193,6 +197,9 @@ class EngineConfig:
             check(isinstance(self.kv_pages, int) and not isinstance(self.kv_pages, bool) and self.kv_pages >= least,
                   "engine.kv_pages", self.kv_pages,
                   f"must be an int >= max_len / page_size = {least} (one sequence of max_len must fit)")
+
+        check(self.page_size == 0 or not self.speculation.enabled, "engine.speculation.when", self.speculation.when,
+              "needs engine.page_size=0 (the paged engine does not speculate)")
 
     @property
     def kv_tokens(self) -> int:
@@ -301,6 +308,14 @@ class EngineCore:
         self._seeds = np.random.default_rng(config.seed)
         # The backend the steps run on: it picks the live-bucket cut-off (LIVE_BUCKET_LIMITS).
         self.platform = (mesh.devices.flat[0] if mesh is not None else device).platform
+        # Speculative decoding (speculative.py): the n-gram draft reads each sample's prompt and
+        # tokens so far (kept only when it drafts); `when=critical` drafts the marked requests.
+        self._spec = config.speculation
+        self._draft_layers = (speculative.parse_draft_model(self._spec.draft_model, model_config.num_layers)
+                              if self._spec.enabled and self._spec.method == "draft" else 0)
+        self._history: dict[tuple[str, int], list[int]] = {}
+        self._critical: set[str] = set()
+        self._speculate_step_fn = None
 
     def _cache_maker(self, model_config: ModelConfig, config: EngineConfig):
         """A function of no arguments that makes the all-zero cache: `num_slots` rows of max_len."""
@@ -364,6 +379,7 @@ class EngineCore:
         queued = self._queue.remove(request_id)
         if queued is not None:
             del self._live[request_id]
+            self._critical.discard(request_id)
             return [SampleOutput(request_id, i, [], [], [], "abort", True)
                     for i in range(queued.sampling.n)]
         outputs = []
@@ -371,6 +387,12 @@ class EngineCore:
             if seq is not None and seq.request_id == request_id:
                 outputs.append(self._finish(slot, "abort"))
         return outputs
+
+    def mark_critical(self, request_id: str) -> None:
+        """With `speculation.when=critical`, the request's unfinished samples draft from now on;
+        an unknown or finished id is ignored (engines/base.py's contract)."""
+        if request_id in self._live:
+            self._critical.add(request_id)
 
     def check_params(self, params: Any) -> dict:
         """Validate new weights against the engine's (ValueError naming the leaf) and copy them
@@ -412,7 +434,8 @@ class EngineCore:
             self._admit(self._queue.pop_admissible(len(self._free_slots())))
         if not self.active_slots:
             return []
-        return self._decode_step()
+        drafts = self._drafts()
+        return self._decode_step() if drafts is None else self._speculative_step(*drafts)
 
     def _admit(self, requests: list[GenerationRequest]) -> None:
         """Give each request its `n` slots, prefill the prompts (packed), copy shared prefixes."""
@@ -426,6 +449,8 @@ class EngineCore:
                 to_prefill.append((prompt[:-1], slots))
             for i, slot in enumerate(slots):
                 self._place(slot, new_sequence(request, i), sp)
+                if self._spec.enabled and self._spec.method == "ngram":
+                    self._history[(request.request_id, i)] = list(prompt)
         for pack in self._packs([prefix for prefix, _ in to_prefill]):
             self._prefill_pack([to_prefill[i] for i in pack])
         for prefix, slots in to_prefill:
@@ -481,14 +506,63 @@ class EngineCore:
         self.counters["decode_calls"] += 1
         self.counters["decode_steps"] += int(steps)
         self.counters["tokens"] += int(count.sum())
+        return self._emit(tokens, logprobs, count)
+
+    def _drafts(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The next step's drafts [S, k] and draft counts [S], or None for a plain decode step:
+        speculation off, more than `max_active` active slots, or no slot drafting anything."""
+        spec = self._spec
+        if not spec.enabled or self.active_slots > spec.max_active:
+            return None
+        k = spec.tokens
+        drafts, n_draft = np.zeros((self.config.num_slots, k), np.int32), np.zeros(self.config.num_slots, np.int32)
+        for slot, seq in enumerate(self._slots):
+            if seq is None or (spec.when == "critical" and seq.request_id not in self._critical):
+                continue
+            want = min(k, int(self._arrays.remaining[slot]) - 1)
+            if self._draft_layers:
+                n_draft[slot] = max(want, 0)
+            elif want > 0:
+                proposal = speculative.ngram_draft(self._history.get((seq.request_id, seq.sample_index), []),
+                                                   spec.ngram, want)
+                drafts[slot, :len(proposal)], n_draft[slot] = proposal, len(proposal)
+        return (drafts, n_draft) if n_draft.any() else None
+
+    def _speculative_step(self, drafts: np.ndarray, n_draft: np.ndarray) -> list[SampleOutput]:
+        """One draft-and-verify call (speculative.py) for every active slot."""
+        a, k = self._arrays, self._spec.tokens
+        if self._speculate_step_fn is None:  # jitted per core: the cache keeps its layout
+            cache_layout = jax.tree.map(lambda x: x.sharding, self._cache)
+            self._speculate_step_fn = jax.jit(speculative.engine_speculate, static_argnums=(0, 1, 2, 3),
+                                              donate_argnums=(5,), out_shardings=(cache_layout, *[None] * 4))
+        active = a.remaining > 0
+        need = int(np.max(a.positions + k + 1, where=active, initial=1))
+        self._cache, tokens, logprobs, count, accepted = self._speculate_step_fn(
+            self.model_config, self._decode_length(need), k, self._draft_layers, self._weights, self._cache,
+            a.tokens, a.positions, drafts, n_draft, a.seeds, a.sample_index, a.token_index, a.temperature,
+            a.top_p, a.top_k, a.remaining, a.stop_table())
+        tokens, logprobs, count = np.asarray(tokens), np.asarray(logprobs), np.asarray(count)
+        self.counters["decode_calls"] += 1
+        self.counters["decode_steps"] += 1
+        self.counters["tokens"] += int(count.sum())
+        self.counters["drafted"] += int(n_draft.sum())
+        self.counters["accepted"] += int(np.asarray(accepted).sum())
+        return self._emit(tokens, logprobs, count)
+
+    def _emit(self, tokens: np.ndarray, logprobs: np.ndarray, count: np.ndarray) -> list[SampleOutput]:
+        """Append each slot's `count` new tokens, finish and stream samples as count one-step
+        iterations would, and set the next step's inputs."""
         outputs = []
         a, every = self._arrays, self.config.stream_every
         for slot, seq in enumerate(self._slots):
             if seq is None:
                 continue
             reason = None
+            history = self._history.get((seq.request_id, seq.sample_index))
             for j in range(count[slot]):  # as count[slot] one-step iterations would
                 reason = seq.append(int(tokens[slot, j]), float(logprobs[slot, j]), self.version)
+                if history is not None:
+                    history.append(int(tokens[slot, j]))
                 if reason is not None:
                     break
                 if every and len(seq.pending_tokens) >= every:
@@ -509,8 +583,10 @@ class EngineCore:
     def _close(self, seq: SlotSequence, reason) -> SampleOutput:
         """The sample's last piece; its request is forgotten with its last sample."""
         self._live[seq.request_id] -= 1
+        self._history.pop((seq.request_id, seq.sample_index), None)
         if not self._live[seq.request_id]:
             del self._live[seq.request_id]
+            self._critical.discard(seq.request_id)
         return seq.flush(reason)
 
     def warmup(self) -> None:
