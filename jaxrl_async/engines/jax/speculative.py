@@ -95,6 +95,12 @@ def draw(weights: jax.Array, keys: jax.Array) -> jax.Array:
     return jnp.sum(cdf < (u * cdf[:, -1])[:, None], axis=-1).astype(jnp.int32)
 
 
+def accepts(u: jax.Array, p_x: jax.Array, q_x: jax.Array) -> jax.Array:
+    """The acceptance test of a draft x: u ~ U[0, 1) < p(x) / q(x), as u * q(x) < p(x) (no
+    division; p(x) >= q(x) always accepts)."""
+    return u * q_x < p_x
+
+
 def _flat(x: jax.Array) -> jax.Array:
     return x.reshape(-1, *x.shape[2:])
 
@@ -160,11 +166,11 @@ def engine_speculate(cfg: ModelConfig, length: int, k: int, draft_layers: int, w
     rep = lambda a: jnp.repeat(a, k + 1)  # noqa: E731 - per-row parameters, per position
     p = target_probs(_flat(logits), rep(temperature), rep(top_p), rep(top_k)).reshape(logits.shape)
 
-    # Accept draft j (j < n_draft) iff u * q(x) < p(x): probability min(1, p(x) / q(x)).
+    # Accept draft j (j < n_draft) with probability min(1, p(x) / q(x)).
     p_x = jnp.take_along_axis(p[:, :k], drafts[..., None], axis=-1)[..., 0]  # [S, k]
     q_x = jnp.take_along_axis(q[:, :k], drafts[..., None], axis=-1)[..., 0]
     u = jax.vmap(jax.vmap(lambda key: jax.random.uniform(jax.random.fold_in(key, 1))))(keys[:, :k])
-    ok = (u * q_x < p_x) & (jnp.arange(k)[None] < n_draft[:, None])
+    ok = accepts(u, p_x, q_x) & (jnp.arange(k)[None] < n_draft[:, None])
     accepted = jnp.sum(jnp.cumprod(ok.astype(jnp.int32), axis=1), axis=1)  # [S]
 
     # The token after the accepted run: from max(p - q, 0) (q = 0 past the drafts: p itself).
