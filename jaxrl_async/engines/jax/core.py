@@ -19,6 +19,11 @@
    act between calls, so they wait up to k - 1 decode steps longer than with k = 1; version
    tags stay exact, since weights only change between calls.
 
+With `engine.speculation.when` always (or critical: the requests `mark_critical` names) and at
+most `max_active` slots active, step 3 is instead one call of up to k draft-and-verify passes
+(speculative.py: exact speculative sampling, n-gram or self-draft), taken when some slot has a
+draft; the host part is `_drafts` / `_speculative_step`, the rest of the core is unchanged.
+
 The decode step attends over cache positions [0, L) only, L the smallest bucket (the prefill
 buckets: min_bucket * 2**i) above every active slot's position after the call, when L is at
 most the backend's cut-off (`LIVE_BUCKET_LIMITS`: max_len / 4 on CPU, 1,024 on GPU), else
@@ -88,7 +93,7 @@ SyncMode = Literal["partial", "drain"]
 COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
 _STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps", "engine_prefill_paged", "engine_copy_page",
-          "engine_read_pages", "engine_write_pages", "engine_speculate")
+          "engine_read_pages", "engine_write_pages", "engine_speculate_rounds")
 
 
 def _count_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -434,8 +439,8 @@ class EngineCore:
             self._admit(self._queue.pop_admissible(len(self._free_slots())))
         if not self.active_slots:
             return []
-        drafts = self._drafts()
-        return self._decode_step() if drafts is None else self._speculative_step(*drafts)
+        speculating = self._drafts()
+        return self._decode_step() if speculating is None else self._speculative_step(speculating)
 
     def _admit(self, requests: list[GenerationRequest]) -> None:
         """Give each request its `n` slots, prefill the prompts (packed), copy shared prefixes."""
@@ -508,44 +513,46 @@ class EngineCore:
         self.counters["tokens"] += int(count.sum())
         return self._emit(tokens, logprobs, count)
 
-    def _drafts(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """The next step's drafts [S, k] and draft counts [S], or None for a plain decode step:
-        speculation off, more than `max_active` active slots, or no slot drafting anything."""
+    def _drafts(self) -> np.ndarray | None:
+        """The slots that draft in the next call [S] bool, or None for a plain decode call:
+        speculation off, more than `max_active` active slots, or no slot with a draft now."""
         spec = self._spec
         if not spec.enabled or self.active_slots > spec.max_active:
             return None
-        k = spec.tokens
-        drafts, n_draft = np.zeros((self.config.num_slots, k), np.int32), np.zeros(self.config.num_slots, np.int32)
+        speculating, any_draft = np.zeros(self.config.num_slots, bool), False
         for slot, seq in enumerate(self._slots):
             if seq is None or (spec.when == "critical" and seq.request_id not in self._critical):
                 continue
-            want = min(k, int(self._arrays.remaining[slot]) - 1)
-            if self._draft_layers:
-                n_draft[slot] = max(want, 0)
-            elif want > 0:
-                proposal = speculative.ngram_draft(self._history.get((seq.request_id, seq.sample_index), []),
-                                                   spec.ngram, want)
-                drafts[slot, :len(proposal)], n_draft[slot] = proposal, len(proposal)
-        return (drafts, n_draft) if n_draft.any() else None
+            speculating[slot] = True
+            if self._arrays.remaining[slot] > 1 and not any_draft:  # one token left: nothing to draft
+                any_draft = bool(self._draft_layers) or bool(speculative.ngram_draft(
+                    self._history.get((seq.request_id, seq.sample_index), []), spec.ngram, 1))
+        return speculating if any_draft else None
 
-    def _speculative_step(self, drafts: np.ndarray, n_draft: np.ndarray) -> list[SampleOutput]:
-        """One draft-and-verify call (speculative.py) for every active slot."""
-        a, k = self._arrays, self._spec.tokens
+    def _speculative_step(self, speculating: np.ndarray) -> list[SampleOutput]:
+        """One call of up to `decode_steps_per_call` draft-and-verify passes (speculative.py)."""
+        a, k, rounds = self._arrays, self._spec.tokens, self.config.decode_steps_per_call
         if self._speculate_step_fn is None:  # jitted per core: the cache keeps its layout
             cache_layout = jax.tree.map(lambda x: x.sharding, self._cache)
-            self._speculate_step_fn = jax.jit(speculative.engine_speculate, static_argnums=(0, 1, 2, 3),
-                                              donate_argnums=(5,), out_shardings=(cache_layout, *[None] * 4))
+            self._speculate_step_fn = jax.jit(speculative.engine_speculate_rounds, static_argnums=(0, 1, 2, 3, 4, 5),
+                                              donate_argnums=(7,), out_shardings=(cache_layout, *[None] * 6))
+        history = np.zeros((self.config.num_slots, self.config.max_len if not self._draft_layers else 1), np.int32)
+        hist_len = np.zeros(self.config.num_slots, np.int32)
+        for slot, seq in enumerate(self._slots):
+            text = None if seq is None else self._history.get((seq.request_id, seq.sample_index))
+            if text:
+                history[slot, :len(text)], hist_len[slot] = text, len(text)
         active = a.remaining > 0
-        need = int(np.max(a.positions + k + 1, where=active, initial=1))
-        self._cache, tokens, logprobs, count, accepted = self._speculate_step_fn(
-            self.model_config, self._decode_length(need), k, self._draft_layers, self._weights, self._cache,
-            a.tokens, a.positions, drafts, n_draft, a.seeds, a.sample_index, a.token_index, a.temperature,
-            a.top_p, a.top_k, a.remaining, a.stop_table())
+        need = int(np.max(a.positions + np.minimum(a.remaining, rounds * (k + 1)) + k, where=active, initial=1))
+        self._cache, tokens, logprobs, count, drafted, accepted, passes = self._speculate_step_fn(
+            self.model_config, self._decode_length(need), k, self._draft_layers, rounds, self._spec.ngram,
+            self._weights, self._cache, a.tokens, a.positions, history, hist_len, speculating, a.seeds,
+            a.sample_index, a.token_index, a.temperature, a.top_p, a.top_k, a.remaining, a.stop_table())
         tokens, logprobs, count = np.asarray(tokens), np.asarray(logprobs), np.asarray(count)
         self.counters["decode_calls"] += 1
-        self.counters["decode_steps"] += 1
+        self.counters["decode_steps"] += int(passes)  # verify passes: one forward of the policy each
         self.counters["tokens"] += int(count.sum())
-        self.counters["drafted"] += int(n_draft.sum())
+        self.counters["drafted"] += int(np.asarray(drafted).sum())
         self.counters["accepted"] += int(np.asarray(accepted).sum())
         return self._emit(tokens, logprobs, count)
 

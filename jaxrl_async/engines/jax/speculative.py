@@ -2,8 +2,8 @@
 
 `engine_speculate` is one speculative decode step for every slot of a contiguous cache:
 
-1. draft: up to k tokens per slot, either given by the host (`ngram_draft`: the continuation of
-   the latest earlier occurrence of the last `ngram` tokens, a point mass q) or drawn by the
+1. draft: up to k tokens per slot, either given (`ngram_draft` / `device_ngram`: the continuation
+   of the latest earlier occurrence of the last `ngram` tokens, a point mass q) or drawn by the
    policy's own first N layers (+ final norm + LM head: `draft_layers` = N, self-speculative).
    Layers 0..N-1 of the draft compute exactly what the policy's layers 0..N-1 compute, so the
    draft writes and reads the policy's own KV cache for those layers; the verification below
@@ -30,8 +30,13 @@ emitted tokens. Rejected positions' keys/values stay in the cache past the slot'
 the next step writes each position before a query reads it (the cache contract of steps.py), so
 they are never read.
 
-Deliberate simplification: one verification per jitted call (the host drafts the n-gram between
-calls), where plain decoding runs `decode_steps_per_call` steps per call.
+`engine_speculate_rounds` runs up to `rounds` such steps in one jitted call, drafting on device
+(`device_ngram`, the same rule as the host's `ngram_draft`) and stopping on device, as
+`steps.engine_decode_steps` does for plain steps: one host round trip per call.
+
+Deliberate simplifications: a slot's draft length is k or what the n-gram finds (no adaptive k);
+the draft model is the policy's own first layers only (a separate smaller model is not
+implemented: it would need its own weights, cache and version).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import struct
 
 from jaxrl_async.engines.jax import sampling
 from jaxrl_async.models.config import ModelConfig
@@ -190,3 +196,90 @@ def engine_speculate(cfg: ModelConfig, length: int, k: int, draft_layers: int, w
     count = jnp.where(active, count, 0)
     new_cache = KVCache(k=tuple(kt for kt, _ in kvs), v=tuple(v for _, v in kvs))
     return new_cache, out, logprobs, count, jnp.where(active, jnp.minimum(accepted, count), 0)
+
+
+def device_ngram(history: jax.Array, hist_len: jax.Array, ngram: int, k: int) -> tuple[jax.Array, jax.Array]:
+    """`ngram_draft` on device for every row: history [S, H] int32 (valid up to hist_len [S]) ->
+    (drafts [S, k] int32, their count [S])."""
+    h = history.shape[1]
+    idx = jnp.arange(h)
+    suffix = jnp.take_along_axis(history, jnp.clip(hist_len[:, None] - ngram + jnp.arange(ngram), 0, h - 1), 1)
+    match = (idx[None] <= hist_len[:, None] - ngram - 1) & (hist_len[:, None] > ngram)  # starts before the suffix's
+    for j in range(ngram):
+        match &= jnp.roll(history, -j, axis=1) == suffix[:, j:j + 1]
+    last = jnp.max(jnp.where(match, idx[None], -1), axis=1)
+    start = last + ngram
+    drafts = jnp.take_along_axis(history, jnp.clip(start[:, None] + jnp.arange(k), 0, h - 1), 1)
+    return drafts, jnp.where(last >= 0, jnp.minimum(k, hist_len - start), 0).astype(jnp.int32)
+
+
+@struct.dataclass
+class RoundState:
+    """The carry of `engine_speculate_rounds`' loop."""
+
+    round: jax.Array  # [] int32: verify passes done in this call
+    cache: KVCache
+    tokens: jax.Array  # [S] int32: the token each slot feeds next
+    positions: jax.Array  # [S] int32
+    token_index: jax.Array  # [S] int32
+    remaining: jax.Array  # [S] int32: 0 once stopped
+    history: jax.Array  # [S, H] int32: prompt + tokens so far (the n-gram draft's text)
+    hist_len: jax.Array  # [S] int32
+    out_tokens: jax.Array  # [S, rounds * (k + 1)] int32, valid up to `count`
+    out_logprobs: jax.Array  # [S, rounds * (k + 1)] float32
+    count: jax.Array  # [S] int32
+    drafted: jax.Array  # [S] int32: drafts verified
+    accepted: jax.Array  # [S] int32: drafts kept
+
+
+def engine_speculate_rounds(cfg: ModelConfig, length: int, k: int, draft_layers: int, rounds: int, ngram: int,
+                            weights: dict, cache: KVCache, tokens: jax.Array, positions: jax.Array,
+                            history: jax.Array, hist_len: jax.Array, speculating: jax.Array, seeds: jax.Array,
+                            sample_index: jax.Array, token_index: jax.Array, temperature: jax.Array,
+                            top_p: jax.Array, top_k: jax.Array, remaining: jax.Array, stop_ids: jax.Array):
+    """Up to `rounds` (static) `engine_speculate` steps in one call, drafting on device, stopping
+    on device (as `steps.engine_decode_steps` does for plain steps: one host round trip a call).
+
+    Rows with `speculating` [S] bool draft: the first `draft_layers` layers when > 0, else the
+    n-gram draft of length `ngram` over history [S, H] (valid up to hist_len [S]; H >= the
+    longest prompt + max_new_tokens); the others verify no draft (plain sampling). `length`
+    must exceed every position fed (position + rounds * (k + 1)), or be the cache's length.
+    Returns (cache, tokens [S, rounds * (k + 1)], log-probs, count [S], drafted [S], accepted [S],
+    verify passes run).
+    """
+    s, width = tokens.shape[0], rounds * (k + 1)
+    rows = jnp.arange(s)[:, None]
+
+    def body(st: RoundState) -> RoundState:
+        if draft_layers:
+            drafts, n_draft = jnp.zeros((s, k), jnp.int32), jnp.full((s,), k, jnp.int32)
+        else:
+            drafts, n_draft = device_ngram(st.history, st.hist_len, ngram, k)
+        n_draft = jnp.where(speculating & (st.remaining > 0), jnp.minimum(n_draft, st.remaining - 1), 0)
+        cache, out, logprobs, count, accepted = engine_speculate(
+            cfg, length, k, draft_layers, weights, st.cache, st.tokens, st.positions, drafts, n_draft, seeds,
+            sample_index, st.token_index, temperature, top_p, top_k, st.remaining, stop_ids)
+        cols = st.count[:, None] + jnp.arange(k + 1)[None]  # entries past `count` are overwritten or ignored
+        stopped = jnp.any((out[..., None] == stop_ids[:, None, :]).any(-1) & (jnp.arange(k + 1)[None] < count[:, None]),
+                          axis=1)
+        last = jnp.take_along_axis(out, jnp.maximum(count - 1, 0)[:, None], 1)[:, 0]
+        return RoundState(
+            round=st.round + 1, cache=cache, tokens=jnp.where(count > 0, last, st.tokens),
+            positions=st.positions + count, token_index=st.token_index + count,
+            remaining=jnp.where(stopped, 0, st.remaining - count),
+            history=st.history.at[rows, st.hist_len[:, None] + jnp.arange(k + 1)[None]].set(out, mode="drop"),
+            hist_len=st.hist_len + count,
+            out_tokens=st.out_tokens.at[rows, cols].set(out, mode="drop"),
+            out_logprobs=st.out_logprobs.at[rows, cols].set(logprobs, mode="drop"),
+            count=st.count + count, drafted=st.drafted + n_draft, accepted=st.accepted + accepted)
+
+    def cond(st: RoundState) -> jax.Array:
+        return (st.round < rounds) & jnp.any(st.remaining > 0)
+
+    zeros = jnp.zeros((s,), jnp.int32)
+    init = RoundState(round=jnp.int32(0), cache=cache, tokens=tokens, positions=positions, token_index=token_index,
+                      remaining=remaining, history=history, hist_len=hist_len,
+                      out_tokens=jnp.zeros((s, width), jnp.int32), out_logprobs=jnp.zeros((s, width), jnp.float32),
+                      count=zeros, drafted=zeros, accepted=zeros)
+    st = jax.lax.while_loop(cond, body, init)
+    return st.cache, st.out_tokens, st.out_logprobs, st.count, st.drafted, st.accepted, st.round

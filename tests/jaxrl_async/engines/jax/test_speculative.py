@@ -143,8 +143,8 @@ def test_greedy_speculation_emits_plain_greedy_decoding_token_for_token(peaked, 
 @pytest.mark.parametrize("spec", [NGRAM, SELF_DRAFT], ids=["ngram", "layers:1"])
 def test_logprobs_after_rejections_equal_a_teacher_forced_forward_pass(spread, spec):
     core = make_core(spread, spec)
-    core.submit(GenerationRequest("a", PROMPT, SamplingParams(20, temperature=0.7, top_p=0.9, seed=3, n=2)))
-    core.submit(GenerationRequest("b", REPEATING, SamplingParams(20, temperature=1.0, seed=4)))
+    core.submit(GenerationRequest("a", PROMPT, SamplingParams(40, temperature=0.7, top_p=0.9, seed=3, n=2)))
+    core.submit(GenerationRequest("b", REPEATING, SamplingParams(40, temperature=1.0, seed=4)))
     out = run(core)
     assert 0 < core.counters["accepted"] < core.counters["drafted"]  # rejections happened
     for (rid, _), sample in out.items():
@@ -152,7 +152,7 @@ def test_logprobs_after_rejections_equal_a_teacher_forced_forward_pass(spread, s
         logp = jax.nn.log_softmax(forward_logits(spread, p + sample.token_ids), axis=-1)
         want = [float(logp[len(p) - 1 + t, tok]) for t, tok in enumerate(sample.token_ids)]
         np.testing.assert_allclose(sample.logprobs, want, atol=1e-5, rtol=0)
-        assert sample.versions == [[0, 20]]
+        assert sample.versions == [[0, 40]]
 
 
 def test_the_kv_cache_after_rejections_equals_plain_decodings_on_every_valid_position(peaked):
@@ -170,7 +170,8 @@ def test_the_kv_cache_after_rejections_equals_plain_decodings_on_every_valid_pos
 
 
 def test_critical_mode_drafts_only_for_marked_requests_and_unknown_ids_are_ignored(peaked):
-    core = make_core(peaked, SpeculationConfig(when="critical", method="draft", draft_model="layers:1", tokens=4))
+    core = make_core(peaked, SpeculationConfig(when="critical", method="draft", draft_model="layers:1", tokens=4),
+                     decode_steps_per_call=1)  # one verify pass a call
     core.submit(GenerationRequest("a", REPEATING, greedy(24)))
     core.submit(GenerationRequest("b", REPEATING, greedy(24)))
     run(core, steps=2)
@@ -248,3 +249,18 @@ def test_ngram_draft_is_the_continuation_of_the_latest_earlier_match():
     assert speculative.ngram_draft([7, 7, 7], 2, 4) == [7]  # overlapping the suffix
     assert speculative.ngram_draft([1, 2, 3], 2, 4) == []
     assert speculative.ngram_draft([1], 2, 4) == []
+
+
+def test_the_device_ngram_draft_equals_the_host_rule_on_random_histories():
+    rng = np.random.default_rng(0)
+    histories = [list(rng.integers(0, 4, n)) for n in [0, 1, 2, 3, 5, 8, 13, 20, 31, 32] for _ in range(3)]
+    table = np.zeros((len(histories), 32), np.int32)
+    for row, h in enumerate(histories):
+        table[row, :len(h)] = h
+    lengths = np.array([len(h) for h in histories], np.int32)
+    for ngram, k in [(1, 3), (2, 4), (3, 2)]:
+        drafts, count = map(np.asarray, speculative.device_ngram(table, lengths, ngram, k))
+        got = [list(drafts[row, :count[row]]) for row in range(len(histories))]
+        want = [speculative.ngram_draft(h, ngram, k) for h in histories]
+        assert got == want
+        assert sum(map(len, want)) > 0
