@@ -72,6 +72,11 @@ class ReplicatedEngine(GenerationEngine):
         if index is not None:
             await self.replicas[index].abort(request_id)
 
+    async def mark_critical(self, request_id: str) -> None:
+        index = self._owner.get(request_id)
+        if index is not None:
+            await self.replicas[index].mark_critical(request_id)
+
     async def update_weights(self, params: Any, version: int) -> None:
         await asyncio.gather(*(r.update_weights(params, version) for r in self.replicas))
 
