@@ -35,8 +35,13 @@ class SpeculationSimConfig:
     fraction of α (≈ 0 for prompt/n-gram lookup; a draft model's weight reads relative to the
     policy's for a draft model, e.g. 0.1 for a 10× smaller one); the verification's extra KV reads
     are not modelled (k + 1 queries read a sequence's KV once, and a weight-bound step is bound by
-    the weights). Only while at most `max_active` sequences are active on the worker (the
-    weight-bound regime); a crowded step decodes plainly. `when` has the runtime's meanings: never
+    the weights). Only in the weight-bound regime: while the step's query positions — one per active
+    sequence plus k more per speculating one — stay within (k + 1)·`max_active`, what `max_active`
+    speculating sequences use; beyond it the step is compute-bound and decodes plainly. Under
+    when=always every active sequence speculates, so this is "at most `max_active` active", the
+    runtime's rule; under when=critical a few marked stragglers still fit in a crowded step where
+    speculating everyone would not — which is where the planner's choice pays. `when` has the
+    runtime's meanings: never
     | critical (the groups the policy names in `Decision.critical`, from then on) | always (every
     sequence, what any policy can use).
     """
@@ -45,7 +50,7 @@ class SpeculationSimConfig:
     acceptance: float = 0.7  # a: probability that one drafted token is accepted
     tokens: int = 4  # k: tokens drafted per verification
     draft_cost: float = 0.05  # the draft's cost per drafted token, as a fraction of decode_alpha
-    max_active: int = 32  # speculate only while at most this many sequences are active on a worker
+    max_active: int = 32  # weight-bound while active + k·speculating <= (k+1)·max_active (all speculating: active <= max_active)
 
     def __post_init__(self) -> None:
         p = "sim.workers.speculation"

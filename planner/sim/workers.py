@@ -62,7 +62,7 @@ class Worker:
         "counter", "t_last", "stall_until", "active", "seqs", "runs", "queue", "kv_used",
         "version", "synced_version", "pending_version", "alive", "life", "epoch", "busy_since", "busy_total",
         "stuck", "slow", "_next_token",
-        "spec_when", "spec_rate", "spec_alpha", "spec_max", "scounter", "sseqs", "spec_active",
+        "spec_when", "spec_rate", "spec_alpha", "spec_k", "spec_budget", "scounter", "sseqs", "spec_active",
     )
 
     def __init__(self, index: int, cfg: WorkerConfig) -> None:
@@ -97,7 +97,8 @@ class Worker:
         self.spec_when = spec.when
         self.spec_rate = spec.rate  # tokens per decode step of a speculating sequence (weight-bound)
         self.spec_alpha = cfg.decode_alpha * spec.step_alpha_factor  # a speculating step's fixed cost
-        self.spec_max = spec.max_active
+        self.spec_k = spec.tokens
+        self.spec_budget = (spec.tokens + 1) * spec.max_active  # query positions of a weight-bound step
         self.scounter = 0.0  # cumulative tokens of one speculating sequence (moves while spec_active)
         self.sseqs: list[tuple[float, int]] = []  # heap of (finish scounter, run token) of fast runs
         self.spec_active = 0  # active sequences of fast runs
@@ -110,7 +111,7 @@ class Worker:
             if now > start:
                 if not self.spec_active:
                     self.counter += (now - start) * self.speed / ((self.alpha + self.beta * self.active) * self.slow)
-                elif self.active <= self.spec_max:  # weight-bound: the fast runs speculate
+                elif self.active + self.spec_k * self.spec_active <= self.spec_budget:  # weight-bound: they speculate
                     steps = (now - start) * self.speed / ((self.spec_alpha + self.beta * self.active) * self.slow)
                     self.counter += steps
                     self.scounter += steps * self.spec_rate
@@ -139,8 +140,8 @@ class Worker:
         return start + self._steps_to_next() * self._step_s()
 
     def _spec_now(self) -> bool:
-        """The fast runs speculate in the current step (weight-bound: few sequences active)."""
-        return self.active <= self.spec_max
+        """The fast runs speculate in the current step: it stays weight-bound (config.py)."""
+        return self.active + self.spec_k * self.spec_active <= self.spec_budget
 
     def _step_s(self) -> float:
         alpha = self.spec_alpha if self._spec_now() else self.alpha

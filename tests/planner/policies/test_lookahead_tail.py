@@ -27,32 +27,42 @@ def started_policy(migrate: bool) -> tuple[Lookahead, list[int]]:
     return p, uids
 
 
-def test_a_waiting_trainer_marks_the_groups_its_batch_needs_once():
+def test_the_groups_the_next_batch_needs_are_marked_once():
     p, uids = started_policy(migrate=False)
     d = p.select_batch(step=0, now=1)
     assert d.train is None
-    planned0 = sorted(u for u in uids if p.groups[u].planned_step == 0 and p.groups[u].deadline <= 0)
-    assert planned0 == []  # η=1: deadline 1 > step 0, so nothing is bound to step 0 yet
+    # η=1: every deadline is 1 > step 0, so batch 0 needs no particular group: nothing marked.
+    assert all(p.groups[u].deadline == 1 for u in uids)
     assert d.critical == [] and d.migrate == []
-    # Step 0 trains two finished groups; step 1 then needs the two left (deadline 1).
+    # Batch 0 trains two finished groups; batch 1, needed next, cannot do without the two left.
     p.on_group_finished(uid=uids[1], versions=[(0, 3)], now=2)
-    assert p.select_batch(step=0, now=2).train == [uids[0], uids[1]]
+    d = p.select_batch(step=0, now=2)
+    assert d.train == [uids[0], uids[1]]
+    assert d.critical == [uids[2], uids[3]]  # the running one and the queued one, while step 0 trains
+    assert d.migrate == []  # policy.migrate=false
     p.on_step_done(step=0, now=3)
     d = p.select_batch(step=1, now=3)
-    assert d.train is None
-    assert d.critical == [uids[2], uids[3]]  # the running one and the queued one
-    assert d.migrate == []  # policy.migrate=false
-    assert not p.select_batch(step=1, now=3).critical  # once per attempt
+    assert d.train is None and not d.critical  # once per attempt
+
+
+def test_a_waiting_trainer_marks_what_its_batch_needs():
+    p = Lookahead(PlanContext(batch_groups=2, group_size=1, max_staleness=0, total_steps=2), LookaheadParams(migrate=True))
+    uids = [a.uid for a in p.admit(now=0, candidates=[Candidate(i, i) for i in range(4)]).admit]
+    assert len(uids) == 2  # η=0: batch 0's two groups, deadline 0
+    p.on_group_started(uid=uids[0], version=0, now=0)
+    d = p.select_batch(step=0, now=0)
+    assert d.train is None and d.critical == uids and d.migrate == [uids[0]]  # the queued one cannot move
+    assert p.on_group_started(uid=uids[1], version=0, now=1).migrate == [uids[1]]
 
 
 def test_with_migrate_the_running_groups_bound_to_the_step_move_once_per_attempt():
     p, uids = started_policy(migrate=True)
     p.on_group_finished(uid=uids[1], versions=[(0, 3)], now=2)
-    p.select_batch(step=0, now=2)
-    p.on_step_done(step=0, now=3)
-    d = p.select_batch(step=1, now=3)
+    d = p.select_batch(step=0, now=2)
     assert d.critical == [uids[2], uids[3]] and d.migrate == [uids[2]]  # only a running group moves
-    # The queued one starts (on version 0) while the trainer still waits: moved at its start.
+    p.on_step_done(step=0, now=3)
+    assert not p.select_batch(step=1, now=3).critical
+    # The queued one starts (on version 0) while the trainer waits for batch 1: moved at its start.
     d = p.on_group_started(uid=uids[3], version=0, now=4)
     assert d.critical == [] and d.migrate == [uids[3]]
     assert not p.select_batch(step=1, now=4).migrate  # never twice: no ping-pong
