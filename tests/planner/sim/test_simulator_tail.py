@@ -96,3 +96,21 @@ def test_a_migration_needs_a_strictly_less_loaded_worker(tmp_path):
     result, run_dir = simulate(tmp_path, {"workers": {"num_workers": 1}}, migrate=True)
     assert "migrations" not in result.summary
     assert audit(run_dir, 1).ok
+
+
+def test_a_migration_target_is_strictly_less_loaded_holds_the_weights_and_has_room():
+    from planner.sim.group import SimGroup
+    sim = Simulator(Lookahead(CTX), CTX, make_workload({"name": "heavy_tail"}, CTX.group_size),
+                    build(SimConfig, {"workers": {"num_workers": 3, "max_concurrency": 8}}, "sim"), seed=0)
+    src, a, b = sim.workers
+    g = SimGroup(99, 0, 10, [50, 50])
+    g.remaining = 2
+    src.active, a.active, b.active = 6, 1, 3
+    src.version, a.version, b.version = 2, 2, 2
+    assert sim._migration_target(src, g) is a  # the least loaded other worker
+    a.version = 1  # older weights than the group's tokens on src: its new tokens would be staler
+    assert sim._migration_target(src, g) is b
+    b.active = 4  # 4 + 2 = 6 is not strictly less than the source's 6
+    assert sim._migration_target(src, g) is None
+    b.active, b.max_seqs = 1, 2  # no room for the group's 2 sequences beside 1 active
+    assert sim._migration_target(src, g) is None
