@@ -78,3 +78,23 @@ def test_under_never_or_critical_an_unmarked_group_decodes_plainly():
         w.enqueue(group(0, [6], critical=critical))
         w.start_queued(0.0)
         assert w.next_completion() == pytest.approx(9.0) and w.spec_active == 0
+
+
+def test_marking_books_the_tokens_so_far_on_the_current_version():
+    w = worker("critical")
+    g = group(0, [6])
+    w.enqueue(g)
+    w.start_queued(0.0)
+    assert w.make_fast(3.0, g)  # 2 plain tokens so far, none booked yet
+    (done,) = w.complete(w.next_completion())
+    assert done.versions == {0: 6}
+
+
+def test_a_weight_load_mid_run_books_the_speculated_tokens_to_the_old_version():
+    w = worker("always")
+    w.enqueue(group(0, [6]))
+    w.start_queued(0.0)
+    booked = w.apply_version(4.0, 1)  # 2 steps of 2.0 s at 1.5 tokens a step: 3 tokens on version 0
+    assert [(g.uid, v, t) for g, v, t in booked] == [(0, 0, 3)]
+    (done,) = w.complete(w.next_completion())
+    assert done.versions == {0: 3, 1: 3}
