@@ -134,7 +134,9 @@ def matched(g: dict, eta: int) -> list[str]:
 
 def report(med: dict, args: argparse.Namespace, runs: int, wall: float) -> list[str]:
     acc = args.acceptance
+    command = " ".join(["python benchmarks/bench_tail.py", *sys.argv[1:]])
     lines = [f"# Tail benchmark ({args.seeds} seeds, {args.steps} steps, medians; {runs} runs in {wall:.0f} s)\n",
+             f"`{command}`\n",
              f"Speculation: acceptance {acc}, k = {args.tokens}, draft_cost {args.draft_cost}, max_active 32. "
              "Fractions of the unbounded ceiling (lookahead η = ∞, no speculation). *tail* = lookahead with "
              "when=critical + policy.migrate; *+ always* = the same engine speculating every sequence while "

@@ -32,7 +32,7 @@ deadline d(g) = a(g)+η. The planner keeps the EDF condition (F) of `planner.fea
 With η = null (unbounded) it admits up to B·S groups at once and trains in completion order:
 the async throughput ceiling of the benchmark.
 
-The tail (docs/design.md §tail): the in-flight (running or queued) groups with deadline <= k are
+The tail (docs/design.md §2.14): the in-flight (running or queued) groups with deadline <= k are
 the ones batch k cannot do without — nothing here drops, so each must be trained by step k. Let
 k be the step whose batch the trainer needs next: the step `select_batch(step=k)` could not train
 (the trainer waits), or k+1 once batch k is chosen (the trainer trains k and needs k+1 next:

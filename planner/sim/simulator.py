@@ -31,7 +31,7 @@ each live worker's next completion is recomputed at both instants — on one mac
 the trainer share the cores, so decoding slows while a step runs and fewer tokens carry the old
 version. At 0 no factor changes and no event is added: runs are exactly those without the term.
 
-The tail (`Decision.critical`, `Decision.migrate`; docs/design.md §tail): with
+The tail (`Decision.critical`, `Decision.migrate`; docs/design.md §2.14): with
 `sim.workers.speculation.when=critical` a marked group speculates from then on (`Worker.make_fast`;
 the model is in planner/sim/workers.py and config.py), on every worker it runs on in this
 attempt; when=always speculates every run and ignores the marks. `migrate_groups` moves each

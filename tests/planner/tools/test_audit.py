@@ -531,7 +531,7 @@ def test_the_cli_help_names_the_command_and_says_what_each_option_does(capsys):
         assert said in text, said
 
 
-# ---------------------------------------------------------------- migrate lines (docs/design.md §tail)
+# ---------------------------------------------------------------- migrate lines (docs/design.md §2.14)
 
 
 def migrate(uid, versions, src=0, dst=1):
