@@ -46,7 +46,7 @@ class SpeculationSimConfig:
     sequence, what any policy can use).
     """
 
-    when: str = "never"
+    when: str = "never"  # never | critical (the groups the policy marks) | always (every sequence)
     acceptance: float = 0.7  # a: probability that one drafted token is accepted
     tokens: int = 4  # k: tokens drafted per verification
     draft_cost: float = 0.05  # the draft's cost per drafted token, as a fraction of decode_alpha
