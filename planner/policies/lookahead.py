@@ -41,7 +41,10 @@ catch up; measured in benchmarks/results/tail.md). The policy names those groups
 `Decision.critical` (an engine with `speculation.when=critical` speculates them) and, with
 `policy.migrate=true`, the running ones also in `Decision.migrate` (the driver moves each to a
 less loaded replica, if there is one). A group bound to k that starts later (it was queued, or
-admitted after the mark) is marked at its start. Each uid is named at most once per attempt in
+admitted after the mark) is marked at its start. And a deadline class's stragglers: once at most
+`policy.tail_fraction` of the untrained groups with deadline d are still in flight (the rest are
+done), the ones left are the groups that will bind step d — marked when the class's finishes
+report it, before step d is the one needed (at η > 1 that is steps earlier). Each uid is named at most once per attempt in
 each list (a lost group's re-admission is a new attempt), so a group never ping-pongs between
 replicas. The rule reads only the events the driver reports: clock-free and synchronous.
 
@@ -82,11 +85,15 @@ class LookaheadParams:
     # Also ask the driver to migrate the groups the waiting trainer needs (Decision.migrate) to
     # a less loaded replica; each group at most once per attempt. Critical marks are always sent.
     migrate: bool = False
+    # A deadline class's in-flight groups are its stragglers once at most this share of its
+    # untrained groups is left: they are marked critical then (0: only the next batch's groups).
+    tail_fraction: float = 0.75
 
     def __post_init__(self) -> None:
         for name in ("max_inflight_groups", "kv_token_budget", "max_untrained_groups"):
             v = getattr(self, name)
             check(v is None or v > 0, f"policy.{name}", v, "must be positive or null")
+        check(0 <= self.tail_fraction <= 1, "policy.tail_fraction", self.tail_fraction, "must be in [0, 1]")
 
 
 @register
@@ -238,7 +245,18 @@ class Lookahead(PolicyBase):
             self.predictor.observe(g.prompt_id, g.tokens / self.ctx.group_size)
             if g.deadline is not None:
                 heapq.heappush(self._ready, (g.deadline, g.finish_seq, uid))
+                return self._stragglers(g.deadline)
         return Decision()
+
+    def _stragglers(self, deadline: int) -> Decision:
+        """The tail marks of deadline class `deadline` once its in-flight groups are stragglers."""
+        share = self.params.tail_fraction
+        if not share:
+            return Decision()
+        left = [h for h in self.groups.values() if h.deadline == deadline and h.status <= GroupState.RUNNING]
+        if not left or len(left) > share * self.counts.get(deadline, 0):
+            return Decision()
+        return self._tail(left)
 
     def readmission(self, group: Group, prefix_kept: bool) -> Admission:
         if self.eta is not None:

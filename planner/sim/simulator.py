@@ -199,6 +199,13 @@ class Simulator:
 
     # ================================================================== decisions
     def _apply(self, d: Decision, call: str) -> None:
+        if d.critical or d.migrate:
+            # A group that finished at this very instant (one completion can end several, or a
+            # group with nothing to generate ends at its start) is done here before its own
+            # on_group_finished reaches the policy: it has nothing left to speed up.
+            groups = self.groups
+            d.critical = [u for u in d.critical if u not in groups or groups[u].state != GroupState.DONE]
+            d.migrate = [u for u in d.migrate if u not in groups or groups[u].state != GroupState.DONE]
         if d.admit or d.drop or d.moves or d.train is not None or d.critical or d.migrate:  # most are empty: the hot path
             apply_decision(self, d, call=call, policy=self.policy.name)
 
@@ -376,10 +383,7 @@ class Simulator:
             self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
         self.ledger.start(g.uid, w.version)
         self._changed = True
-        d = self.p.on_group_started(uid=g.uid, version=w.version, now=self.now)
-        if g.state == GroupState.DONE and (d.critical or d.migrate):  # done at its start: nothing to speed up
-            d.critical, d.migrate = [u for u in d.critical if u != g.uid], [u for u in d.migrate if u != g.uid]
-        self._apply(d, "on_group_started")
+        self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
         if g.state == GroupState.DONE:  # nothing to generate
             self._finished(g, w.version)
 

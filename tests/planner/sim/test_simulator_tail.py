@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from planner.configs import build
 from planner.ledger import LedgerWriter
 from planner.policies.lookahead import Lookahead, LookaheadParams
@@ -114,3 +116,18 @@ def test_a_migration_target_is_strictly_less_loaded_holds_the_weights_and_has_ro
     assert sim._migration_target(src, g) is None
     b.active, b.max_seqs = 1, 2  # no room for the group's 2 sequences beside 1 active
     assert sim._migration_target(src, g) is None
+
+
+def test_a_mark_for_a_group_that_finished_at_the_same_instant_is_let_go():
+    # One completion can end several groups; the policy hears of them one by one, so a mark sent
+    # with the first one's finish may name another that this completion already ended.
+    from planner.sim.group import SimGroup
+    from planner.types import Decision, GroupState
+    sim = Simulator(Lookahead(CTX), CTX, make_workload({"name": "heavy_tail"}, CTX.group_size), SimConfig(), seed=0)
+    g = SimGroup(7, 0, 10, [5])
+    g.state = GroupState.DONE
+    sim.groups[7] = g
+    sim._apply(Decision(critical=[7], migrate=[7]), "on_group_finished")  # nothing to speed up: no error
+    g.state = GroupState.TRAINED
+    with pytest.raises(ValueError, match="uid 7 in critical"):
+        sim._apply(Decision(critical=[7]), "on_group_finished")  # any other state is still a policy bug
