@@ -65,7 +65,10 @@ ABLATIONS: dict[str, list[str]] = {
 }
 
 
-def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict:
+def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]],
+            audited_policies: tuple[str, ...] = NO_DROP_AUDITED) -> dict:
+    """One simulated run and its row; `audited_policies` (strict, no stale drop) are audited at
+    their bound and abort the benchmark on a failure (benchmarks/bench_tail.py audits every peer)."""
     scenario, policy, eta, seed, steps_count, extra = job
     overrides = [*SCENARIOS[scenario], f"policy={policy}", f"max_staleness={'null' if eta is None else eta}",
                  f"seed={seed}", f"steps={steps_count}", *extra]
@@ -73,12 +76,12 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
     bound = staleness_bound(config)
     estimate = {"ks": None}
     with tempfile.TemporaryDirectory() as tmp:
-        audited = policy in NO_DROP_AUDITED or (policy in LENGTH_BIAS_POLICIES and scenario in LENGTH_BIAS_SCENARIOS)
+        audited = policy in audited_policies or (policy in LENGTH_BIAS_POLICIES and scenario in LENGTH_BIAS_SCENARIOS)
         result = run_simulation(config, tmp if audited else None, plots=False)
         if audited:
             report = audit(tmp, eta if bound is None else bound)
             stale_drops = report.groups_dropped - report.drops_by_reason.get("end_of_run", 0)
-            if policy in NO_DROP_AUDITED and (not report.ok or stale_drops or (policy == "lookahead" and report.groups_dropped)):
+            if policy in audited_policies and (not report.ok or stale_drops or (policy == "lookahead" and report.groups_dropped)):
                 raise SystemExit(f"{policy} audit failed in {scenario} η={eta} seed={seed}: {report.verdict()}")
             if report.length_bias != result.summary["length_bias"]:  # the ledger's true lengths are the truth
                 raise SystemExit(f"{policy} {scenario} η={eta} seed={seed}: the audit's length bias "
