@@ -202,13 +202,6 @@ class Simulator:
 
     # ================================================================== decisions
     def _apply(self, d: Decision, call: str) -> None:
-        if d.critical or d.migrate:
-            # A group that finished at this very instant (one completion can end several, or a
-            # group with nothing to generate ends at its start) is done here before its own
-            # on_group_finished reaches the policy: it has nothing left to speed up.
-            groups = self.groups
-            d.critical = [u for u in d.critical if u not in groups or groups[u].state != GroupState.DONE]
-            d.migrate = [u for u in d.migrate if u not in groups or groups[u].state != GroupState.DONE]
         if d.admit or d.drop or d.moves or d.train is not None or d.critical or d.migrate:  # most are empty: the hot path
             apply_decision(self, d, call=call, policy=self.policy.name)
 
