@@ -8,6 +8,12 @@ Targets: steps/hour within 15%, busy fractions within 0.1, staleness histograms 
 The real runs go one at a time (the machine is shared).
 
     python benchmarks/bench_calibration.py [--steps 40] [--out benchmarks/results/calibration.md]
+    python benchmarks/bench_calibration.py --cross [--steps 40]
+
+`--cross` checks that a calibration carries over to another configuration (issue 20, target
+within 15%): the calibration of a real `CROSS_FROM` run predicts a real `CROSS_TO` run's steady
+steps/h, replaying the second run's groups with its own policy, η, B, n and engine slots
+(`sim.workers.max_concurrency` from its trace's `run` line) on the first run's cost model.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ CONFIGS = {
                          "max_staleness=2"],
 }
 RUN = ["progress=off", "tensorboard=false", "export_hf=false"]
+CROSS_FROM = ("lookahead", ["max_staleness=1"])
+CROSS_TO = ("nemo_in_order", ["max_staleness=2", "engine.num_slots=32"])
 WARMUP = 3
 
 
@@ -63,6 +71,31 @@ def one(policy: str, config: str, steps: int, root: Path) -> dict:
            f"hydra.run.dir={sim}")
     out = compare(real, sim, WARMUP)
     out.update(policy=policy, config=config, wall_s=wall, calibration=cal)
+    return out
+
+
+def cross(steps: int, root: Path) -> dict:
+    """CROSS_FROM's calibration predicting CROSS_TO's real run (module docstring)."""
+    import yaml
+
+    runs = {}
+    for name, (policy, extra) in (("from", CROSS_FROM), ("to", CROSS_TO)):
+        runs[name] = root / f"cross-{name}-{policy}"
+        python("-m", "jaxrl_async.train", f"policy={policy}", f"steps={steps}", *RUN, *extra,
+               f"hydra.run.dir={runs[name]}")
+    cal = calibrate(runs["from"])
+    (runs["from"] / CALIBRATION_FILE).write_text(yaml.safe_dump(cal, sort_keys=False))
+    target = calibrate(runs["to"])["run"]  # its planner context and slots, not its cost model
+    sim = root / "cross-sim"
+    python("-m", "planner.simulate", f"calibration={runs['from'] / CALIBRATION_FILE}", "workload=trace",
+           f"workload.path={runs['to'] / 'trace.jsonl'}", f"policy={target['policy']}",
+           f"max_staleness={target['max_staleness']}", f"batch_groups={target['batch_groups']}",
+           f"group_size={target['group_size']}", f"steps={steps}", f"sim.workers.max_concurrency={target['slots']}",
+           f"hydra.run.dir={sim}")
+    out = compare(runs["to"], sim, WARMUP)
+    real_steady = json.loads((runs["to"] / "summary.json").read_text())["steps_per_hour_steady"]
+    sim_steady = json.loads((sim / "summary.json").read_text())["steps_per_hour_steady"]
+    out.update(real_steady=real_steady, sim_steady=sim_steady, steady_error=sim_steady / real_steady - 1)
     return out
 
 
@@ -98,7 +131,16 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the raw comparisons here")
     ap.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--cross", action="store_true", help="only the cross-configuration check")
     args = ap.parse_args()
+    if args.cross:
+        with tempfile.TemporaryDirectory() as tmp:
+            o = cross(args.steps, Path(tmp))
+        print(f"{CROSS_FROM[0]} {' '.join(CROSS_FROM[1])} calibration -> {CROSS_TO[0]} {' '.join(CROSS_TO[1])}: "
+              f"steady steps/h real {o['real_steady']:.0f}, predicted {o['sim_steady']:.0f} "
+              f"({o['steady_error']:+.1%}); fidelity steps/h error {o['steps_per_hour_error']:+.3f}, "
+              f"staleness TV {o['staleness_tv']:.3f}")
+        return
     configs, policies = args.configs.split(","), args.policies.split(",")
     unknown = sorted(set(configs) - set(CONFIGS))
     if unknown:

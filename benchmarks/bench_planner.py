@@ -65,7 +65,10 @@ ABLATIONS: dict[str, list[str]] = {
 }
 
 
-def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict:
+def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]],
+            audited_policies: tuple[str, ...] = NO_DROP_AUDITED) -> dict:
+    """One simulated run and its row; `audited_policies` (strict, no stale drop) are audited at
+    their bound and abort the benchmark on a failure (benchmarks/bench_tail.py audits every peer)."""
     scenario, policy, eta, seed, steps_count, extra = job
     overrides = [*SCENARIOS[scenario], f"policy={policy}", f"max_staleness={'null' if eta is None else eta}",
                  f"seed={seed}", f"steps={steps_count}", *extra]
@@ -73,12 +76,12 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
     bound = staleness_bound(config)
     estimate = {"ks": None}
     with tempfile.TemporaryDirectory() as tmp:
-        audited = policy in NO_DROP_AUDITED or (policy in LENGTH_BIAS_POLICIES and scenario in LENGTH_BIAS_SCENARIOS)
+        audited = policy in audited_policies or (policy in LENGTH_BIAS_POLICIES and scenario in LENGTH_BIAS_SCENARIOS)
         result = run_simulation(config, tmp if audited else None, plots=False)
         if audited:
             report = audit(tmp, eta if bound is None else bound)
             stale_drops = report.groups_dropped - report.drops_by_reason.get("end_of_run", 0)
-            if policy in NO_DROP_AUDITED and (not report.ok or stale_drops or (policy == "lookahead" and report.groups_dropped)):
+            if policy in audited_policies and (not report.ok or stale_drops or (policy == "lookahead" and report.groups_dropped)):
                 raise SystemExit(f"{policy} audit failed in {scenario} η={eta} seed={seed}: {report.verdict()}")
             if report.length_bias != result.summary["length_bias"]:  # the ledger's true lengths are the truth
                 raise SystemExit(f"{policy} {scenario} η={eta} seed={seed}: the audit's length bias "
@@ -101,7 +104,44 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]]) -> dict
         "deadlock": s.get("deadlock", False),
         "length_ks": s["length_bias"]["ks"], "length_ratio": s["length_bias"]["mean_length_ratio"],
         "length_ks_estimate": estimate["ks"],
+        "tail": s["tail"],  # planner_tail.md, not the CSV (its columns stay as they are)
     }
+
+
+TAIL_COLUMNS = (  # (header, figure of summary.json's `tail`, planner/tools/tail.py FIGURES)
+    ("trainer wait", lambda t: t["trainer_wait_fraction"], "{:.0%}"),
+    ("steps bound by generation", lambda t: t["steps_bound_by_generation"], "{:.0%}"),
+    ("wait share, last 5%", lambda t: t["wait_share_last_5pct"], "{:.0%}"),
+    ("critical is longest", lambda t: t["critical_is_longest"], "{:.0%}"),
+    ("critical decode s", lambda t: t["mean_s"]["critical"]["decode_s"], "{:.0f}"),
+    ("other decode s", lambda t: t["mean_s"]["other"]["decode_s"], "{:.0f}"),
+    ("critical s/token p50", lambda t: t["decode_s_per_token"]["critical"]["p50"], "{:.4f}"),
+    ("other s/token p50", lambda t: t["decode_s_per_token"]["other"]["p50"], "{:.4f}"),
+)
+
+
+def tail_table(rows: list[dict], policies: list[str], etas: list[int], head: str) -> list[str]:
+    """Where the tail's time goes, per scenario, policy and η (medians over seeds of each figure)."""
+    lines = [head.replace("# Planner benchmark", "# Planner benchmark: the tail"),
+             "Per step, the critical group is the batch's last to finish (planner/tools/tail.py, "
+             "docs/tail_analysis.md); \"wait share, last 5%\": the trainer's wait that would vanish if each "
+             "batch's last 5% had finished with the rest. Medians over seeds.\n"]
+    cells: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if not r["extra"] and r["eta"] is not None:
+            cells.setdefault((r["scenario"], r["policy"], r["eta"]), []).append(r["tail"])
+    for sc in SCENARIOS:
+        lines += [f"\n## {sc}\n", "| policy | η | " + " | ".join(h for h, _, _ in TAIL_COLUMNS) + " |",
+                  "|---|---|" + "---|" * len(TAIL_COLUMNS)]
+        for p in policies:
+            for eta in etas:
+                tails = cells.get((sc, p, eta), [])
+                out = []
+                for _, get, fmt in TAIL_COLUMNS:
+                    values = [v for v in (get(t) for t in tails) if v is not None]
+                    out.append(fmt.format(statistics.median(values)) if values else "–")
+                lines.append(f"| {p} | {eta} | " + " | ".join(out) + " |")
+    return lines
 
 
 def staleness_bound(config) -> int | None:
@@ -221,7 +261,7 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "planner_runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k != "tail"], extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
 
@@ -289,6 +329,9 @@ def main() -> int:
     text = "\n".join(lines) + "\n"
     (out / "planner.md").write_text(text)
     print(text)
+    tail_text = "\n".join(tail_table(rows, policies, args.etas, head=lines[0])) + "\n"
+    (out / "planner_tail.md").write_text(tail_text)
+    print(tail_text)
     return 0
 
 

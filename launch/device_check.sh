@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One-GPU check (<= 8 min in all): the placement benchmark on Qwen2.5-1.5B's shape, the train-step,
-# decode, KV-paging and remat benchmarks, and a short real train run plus its audit. Run from the
+# decode, speculation, KV-paging and remat benchmarks, and a short real train run plus its audit. Run from the
 # repository root:
 #   bash launch/device_check.sh            (results in ${OUT:-/tmp/device_check})
 #
@@ -98,6 +98,12 @@ sed -n '/^step time vs live/,$p' "$WORK/decode.txt" | grep -v '^{' >>"$OUT/summa
 # at position 1,024): tokens/s and roofline fraction at batch 1, 32, 256 and 1,024 with 16 steps a call.
 stage decode_batches 75 python3 benchmarks/bench_decode.py --shape qwen2.5-1.5b --max-len 2048 --lives 1024 \
     --ctx-batch 32 --batches 1 32 256 1024 --ks 16 --position 1024 --repeats 3 || true
+# Speculative decoding (issue 20): batch-1 ms/token of plain decoding vs one verify call of k + 1 = 5
+# positions (the n-gram's case) and one self-draft call (layers:4 drafting, then verifying), random
+# weights in Qwen2.5-1.5B's shape, and the ms/token they give at acceptance 0.5 / 0.7 / 0.9.
+stage speculation 45 python3 benchmarks/bench_speculation.py --shape qwen2.5-1.5b --batch 1 --position 1024 \
+    --tokens 4 --draft-layers 4 --repeats 5 || true
+grep -E "^(plain decoding|call|verify|draft) " "$WORK/speculation.txt" >>"$OUT/summary.txt"
 # Chunked logits (issue 19): the train step's temporary bytes per token with and without
 # trainer.logits_chunk, bf16, from XLA's memory analysis (compiles only).
 stage logits_chunk 60 python3 benchmarks/bench_logits_chunk.py --dtype bfloat16 --chunks 0 1024 --remat full \

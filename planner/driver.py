@@ -71,7 +71,7 @@ def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -
     Raises ValueError, before the offending item is applied, on a batch from any call but
     `select_batch`, a batch naming a uid twice or a group that is not done, a drop of a group that
     is not admitted and untrained, a critical mark or migration of a group that is not running
-    (queued or generating), and an admission of a uid that is neither a candidate nor a lost
+    (queued or generating; one already done is skipped, not an error), and an admission of a uid that is neither a candidate nor a lost
     group (an admission earlier in the same list counts: a uid admitted twice is an error).
     """
     if d.moves:
@@ -83,10 +83,15 @@ def apply_decision(host: DecisionHost, d: Decision, *, call: str, policy: str) -
     for field, hook in (("critical", host.mark_critical), ("migrate", host.migrate_groups)):
         uids = getattr(d, field)
         if uids:
+            # A group the driver already holds as done finished between the policy's view and the
+            # driver's (one completion ends several groups, reported one by one; a group with
+            # nothing to generate ends at its start): nothing is left to speed up, so it is skipped.
+            uids = [uid for uid in uids if host.held(uid) != GroupState.DONE]
             for uid in uids:
                 _require(host, uid, IN_FLIGHT, f"policy {policy} named uid {uid} in {field} in {call}",
                          "not a running group")
-            hook(list(uids))
+            if uids:
+                hook(uids)
     if d.train is not None:
         if call != "select_batch":
             raise ValueError(f"policy {policy}: {call} returned a batch; only select_batch may")

@@ -28,7 +28,7 @@ checkpoint's length anyway (docs/fault_tolerance.md).
 A `migrate` line says the running group U moved from engine replica (or simulated worker) w1 to
 w2 with its generated prefix kept; `versions` are the prefix's token versions at the move. The
 audit checks that the group's trained versions contain them, token for token: a move loses
-no token and re-versions none (docs/design.md §tail).
+no token and re-versions none (docs/design.md §2.14).
 """
 
 from __future__ import annotations

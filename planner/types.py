@@ -89,7 +89,7 @@ class Decision:
     (to the ledger), `drop`, `critical`, `migrate`, `train`, then `admit` in list order
     (docs/design.md §8.6).
 
-    `critical` and `migrate` schedule the tail's generation (docs/design.md §tail); neither
+    `critical` and `migrate` schedule the tail's generation (docs/design.md §2.14); neither
     changes a token's version, so neither can break a bound:
     - `critical`: running groups the trainer waits for; an engine with
       `speculation.when=critical` speculates their decoding from now on.

@@ -50,6 +50,7 @@ class ReplicatedEngine(GenerationEngine):
         self._samples_left: dict[str, int] = {}  # request id -> samples not yet done
         self._load = [0] * len(self.replicas)  # live samples per replica
         self._moving: dict[str, bool] = {}  # request id in transit -> aborted meanwhile
+        self._critical: set[str] = set()  # live request ids marked critical (a move carries the mark)
         self._exclusive = asyncio.Lock()  # held by a weight push or a move (module docstring)
         self._out: asyncio.Queue = asyncio.Queue()
         self._pumps: list[asyncio.Task] = []
@@ -89,6 +90,12 @@ class ReplicatedEngine(GenerationEngine):
         if index is not None:
             await self.replicas[index].abort(request_id)
 
+    async def mark_critical(self, request_id: str) -> None:
+        index = self._owner.get(request_id)
+        if index is not None:
+            self._critical.add(request_id)
+            await self.replicas[index].mark_critical(request_id)
+
     async def migrate(self, request_id: str) -> tuple[int, int] | None:
         src = self._owner.get(request_id)
         if src is None or len(self.replicas) < 2 or request_id in self._moving or self._exclusive.locked():
@@ -112,6 +119,8 @@ class ReplicatedEngine(GenerationEngine):
                 self._load[dst] += count
                 self._owner[request_id] = dst
                 await target.attach(moved)
+                if request_id in self._critical:  # the mark follows the request
+                    await target.mark_critical(request_id)
         finally:
             self._exclusive.release()
             aborted = self._moving.pop(request_id)
@@ -169,3 +178,4 @@ class ReplicatedEngine(GenerationEngine):
         self._samples_left[request_id] -= samples
         if not self._samples_left[request_id]:
             del self._owner[request_id], self._samples_left[request_id]
+            self._critical.discard(request_id)

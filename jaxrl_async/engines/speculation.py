@@ -1,4 +1,4 @@
-"""`engine.speculation.*`: when and how an engine speculates its decoding (docs/design.md §tail).
+"""`engine.speculation.*`: when and how an engine speculates its decoding (docs/design.md §2.14).
 
 Speculative sampling drafts `tokens` tokens cheaply, verifies them in one forward pass of the
 policy and keeps a prefix of them by rejection sampling, so the emitted tokens are distributed

@@ -73,7 +73,7 @@ class RunTracer:
                 self.writer.write("load", t, version=e.version, worker=e.worker, s=round(e.seconds, 6))
             else:
                 decode.append((e.worker, e.seconds, e.steps, e.tokens, e.prefill_tokens, e.compiled,
-                               during_steps(t, e.seconds, windows)))
+                               during_steps(t, e.seconds, windows), e.drafted, e.accepted))
         self.writer.decode(self.clock(), decode)
 
     def flush(self, *, sync: bool = False) -> None:

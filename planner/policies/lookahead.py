@@ -31,6 +31,31 @@ deadline d(g) = a(g)+η. The planner keeps the EDF condition (F) of `planner.fea
 
 With η = null (unbounded) it admits up to B·S groups at once and trains in completion order:
 the async throughput ceiling of the benchmark.
+
+The tail (docs/design.md §2.14): the in-flight (running or queued) groups with deadline <= k are
+the ones batch k cannot do without — nothing here drops, so each must be trained by step k. Let
+k be the step whose batch the trainer needs next: the step `select_batch(step=k)` could not train
+(the trainer waits), or k+1 once batch k is chosen (the trainer trains k and needs k+1 next:
+marking then, not only once it waits, gives the straggler the whole of step k's training to
+catch up; measured in benchmarks/results/tail.md). The policy names those groups in
+`Decision.critical` (an engine with `speculation.when=critical` speculates them) and, with
+`policy.migrate=true`, the running ones also in `Decision.migrate` (the driver moves each to a
+less loaded replica, if there is one). A group bound to k that starts later (it was queued, or
+admitted after the mark) is marked at its start. And a deadline class's stragglers: once at most
+`policy.tail_fraction` of the untrained groups with deadline d are still in flight (the rest are
+done), the ones left are the groups that will bind step d — marked when the class's finishes
+report it, before step d is the one needed (at η > 1 that is steps earlier). Each uid is named at most once per attempt in
+each list (a lost group's re-admission is a new attempt), so a group never ping-pongs between
+replicas. The rule reads only the events the driver reports: clock-free and synchronous.
+
+Why neither decision can break the bound: speculation and migration change *how fast* a group's
+tokens come, never the version of a token. Kept tokens keep their versions (a migrated prefix
+moves with its versions; the ledger's `migrate` line lists them and the audit checks that the
+trained group still holds them). New tokens are sampled on weights >= a(g): speculative sampling
+emits the policy's own tokens at the engine's current version, and a migration target must hold
+weights at least the group's start barrier / current version, as a re-admission's does
+(`Admission.version`), so every token's version stays in [a(g), d(g)] and d(g) - a(g) <= η.
+Neither changes a deadline, the counts of (F) or the plan, so L1 and L3 argue as before.
 """
 
 from __future__ import annotations
@@ -57,11 +82,18 @@ class LookaheadParams:
     # Cap on |U| (admitted, untrained groups), >= B; below the quota's B·(η+1) it admits just
     # enough to keep the trainer busy, so a trainer-bound run trains fresher tokens.
     max_untrained_groups: int | None = None
+    # Also ask the driver to migrate the groups the waiting trainer needs (Decision.migrate) to
+    # a less loaded replica; each group at most once per attempt. Critical marks are always sent.
+    migrate: bool = False
+    # A deadline class's in-flight groups are its stragglers once at most this share of its
+    # untrained groups is left: they are marked critical then (0: only the next batch's groups).
+    tail_fraction: float = 0.75
 
     def __post_init__(self) -> None:
         for name in ("max_inflight_groups", "kv_token_budget", "max_untrained_groups"):
             v = getattr(self, name)
             check(v is None or v > 0, f"policy.{name}", v, "must be positive or null")
+        check(0 <= self.tail_fraction <= 1, "policy.tail_fraction", self.tail_fraction, "must be in [0, 1]")
 
 
 @register
@@ -84,6 +116,9 @@ class Lookahead(PolicyBase):
         self._ready: list[tuple[int, int, int]] = []  # heap of DONE groups: (deadline, finish_seq, uid)
         self._inflight_tokens = 0.0  # predicted tokens of in-flight groups
         self._moves: list[Move] = []  # re-planning done while admitting, returned with the admissions
+        self._needed: int | None = None  # the step whose batch the trainer needs next (see the docstring)
+        self._marked: set[int] = set()  # uids named in Decision.critical in their current attempt
+        self._migrated: set[int] = set()  # uids named in Decision.migrate in their current attempt
 
     # ------------------------------------------------------------------ L1
     def admission_quota(self, now: float) -> int:
@@ -162,7 +197,30 @@ class Lookahead(PolicyBase):
         super().on_group_started(uid=uid, version=version, now=now)
         if first_start and self.eta is not None and self.params.refine_on_start:
             self._set_deadline(g, version + self.eta)
+        if self._needed is not None and g is not None and g.deadline is not None and g.deadline <= self._needed:
+            return self._tail([g])  # bound to the step the trainer needs next, and started late
         return Decision()
+
+    def _tail(self, groups: Sequence[Group]) -> Decision:
+        """The critical marks (and migrations) for `groups`, bound to the step the trainer needs
+        next; each uid once per attempt."""
+        critical = [g.uid for g in groups if g.uid not in self._marked]
+        self._marked.update(critical)
+        migrate: list[int] = []
+        if self.params.migrate:
+            migrate = [g.uid for g in groups if g.status == GroupState.RUNNING and g.uid not in self._migrated]
+            self._migrated.update(migrate)
+        return Decision(critical=critical, migrate=migrate)
+
+    def _bound_to(self, step: int) -> list[Group]:
+        """In-flight groups with deadline <= step: batch `step` cannot do without them."""
+        return [g for g in self.groups.values()
+                if g.status <= GroupState.RUNNING and g.deadline is not None and g.deadline <= step]
+
+    def on_group_lost(self, *, uid: int, prefix_kept: bool, now: float) -> Decision:
+        self._marked.discard(uid)  # its re-admission is a new attempt, on an engine that has not marked it
+        self._migrated.discard(uid)
+        return super().on_group_lost(uid=uid, prefix_kept=prefix_kept, now=now)
 
     def _set_deadline(self, g: Group, deadline: int) -> None:
         """Move g to a later deadline (never earlier: that could break (F))."""
@@ -181,11 +239,24 @@ class Lookahead(PolicyBase):
         was_inflight = g is not None and g.status in (GroupState.QUEUED, GroupState.RUNNING)
         super().on_group_finished(uid=uid, versions=versions, now=now, last_versions=last_versions)
         if was_inflight:
+            self._marked.discard(uid)
+            self._migrated.discard(uid)
             self._inflight_tokens -= (g.predicted_tokens or 0.0) * self.ctx.group_size
             self.predictor.observe(g.prompt_id, g.tokens / self.ctx.group_size)
             if g.deadline is not None:
                 heapq.heappush(self._ready, (g.deadline, g.finish_seq, uid))
+                return self._stragglers(g.deadline)
         return Decision()
+
+    def _stragglers(self, deadline: int) -> Decision:
+        """The tail marks of deadline class `deadline` once its in-flight groups are stragglers."""
+        share = self.params.tail_fraction
+        if not share:
+            return Decision()
+        left = [h for h in self.groups.values() if h.deadline == deadline and h.status <= GroupState.RUNNING]
+        if not left or len(left) > share * self.counts.get(deadline, 0):
+            return Decision()
+        return self._tail(left)
 
     def readmission(self, group: Group, prefix_kept: bool) -> Admission:
         if self.eta is not None:
@@ -197,6 +268,16 @@ class Lookahead(PolicyBase):
 
     # ------------------------------------------------------------------ L3
     def choose_batch(self, step: int, now: float) -> Decision:
+        decision = self._choose_batch(step)
+        if self.eta is None:
+            return decision
+        # The trainer waits for batch `step`, or trains it and needs batch step+1 next.
+        self._needed = step if decision.train is None else step + 1
+        tail = self._tail(self._bound_to(self._needed))
+        decision.critical, decision.migrate = tail.critical, tail.migrate
+        return decision
+
+    def _choose_batch(self, step: int) -> Decision:
         if self.num_done < self.B:
             return Decision()  # forced: fewer than B groups are done
         if self.eta is None:
@@ -263,6 +344,7 @@ class Lookahead(PolicyBase):
             "plan": [[s, sorted(uids)] for s, uids in self.plan.items()],
             "predictor": self.predictor.state_dict(),
             "inflight_tokens": self._inflight_tokens,
+            "tail": {"needed": self._needed, "marked": sorted(self._marked), "migrated": sorted(self._migrated)},
         }
 
     def load_extra_state(self, state: Mapping[str, Any]) -> None:
@@ -271,5 +353,8 @@ class Lookahead(PolicyBase):
         self.counts = {int(d): int(c) for d, c in state["counts"]}
         self.plan = {int(s): set(uids) for s, uids in state["plan"]}
         self._inflight_tokens = state["inflight_tokens"]
+        tail = state.get("tail", {})  # absent in checkpoints written before the tail rule
+        self._needed = tail.get("needed")
+        self._marked, self._migrated = set(tail.get("marked", ())), set(tail.get("migrated", ()))
         self._ready = [(g.deadline, g.finish_seq, g.uid) for g in self._done.values() if g.deadline is not None]
         heapq.heapify(self._ready)

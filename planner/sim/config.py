@@ -18,6 +18,60 @@ from planner.types import check_sync_mode
 
 SYNC_MODES = ("partial", "drain")  # the simulator's part of planner/types.py SYNC_MODES
 RECOVERY_MODES = ("resume", "regenerate")
+SPECULATION_WHEN = ("never", "critical", "always")  # engine.speculation.when's words and meanings
+
+
+@dataclass(frozen=True)
+class SpeculationSimConfig:
+    """`sim.workers.speculation.*`: speculative decoding, modelled in expectation.
+
+    A speculating sequence drafts k = `tokens` tokens, the policy verifies them in one forward
+    pass and keeps each with probability a = `acceptance` (i.i.d., the standard analysis of
+    Leviathan et al. 2023), plus the one token the verification always yields: it advances by the
+    expected accepted run (1 − a^(k+1))/(1 − a) tokens per decode step instead of 1. The model is
+    the deterministic expectation — no random draws, so a run is a function of its seed whether
+    speculation is on or off. A decode step in which any active sequence speculates costs
+    α·(1 + draft_cost·k) + β·active: `draft_cost` is the draft's cost per drafted token as a
+    fraction of α (≈ 0 for prompt/n-gram lookup; a draft model's weight reads relative to the
+    policy's for a draft model, e.g. 0.1 for a 10× smaller one); the verification's extra KV reads
+    are not modelled (k + 1 queries read a sequence's KV once, and a weight-bound step is bound by
+    the weights). Only in the weight-bound regime: while the step's query positions — one per active
+    sequence plus k more per speculating one — stay within (k + 1)·`max_active`, what `max_active`
+    speculating sequences use; beyond it the step is compute-bound and decodes plainly. Under
+    when=always every active sequence speculates, so this is "at most `max_active` active", the
+    runtime's rule; under when=critical a few marked stragglers still fit in a crowded step where
+    speculating everyone would not — which is where the planner's choice pays. `when` has the
+    runtime's meanings: never
+    | critical (the groups the policy names in `Decision.critical`, from then on) | always (every
+    sequence, what any policy can use).
+    """
+
+    when: str = "never"  # never | critical (the groups the policy marks) | always (every sequence)
+    acceptance: float = 0.7  # a: probability that one drafted token is accepted
+    tokens: int = 4  # k: tokens drafted per verification
+    draft_cost: float = 0.05  # the draft's cost per drafted token, as a fraction of decode_alpha
+    max_active: int = 32  # weight-bound while active + k·speculating <= (k+1)·max_active (all speculating: active <= max_active)
+
+    def __post_init__(self) -> None:
+        p = "sim.workers.speculation"
+        check(self.when in SPECULATION_WHEN, f"{p}.when", self.when, f"must be one of {', '.join(SPECULATION_WHEN)}")
+        check(0 <= self.acceptance <= 1, f"{p}.acceptance", self.acceptance, "must be in [0, 1]")
+        for name in ("tokens", "max_active"):
+            value = getattr(self, name)
+            check(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{p}.{name}", value,
+                  "must be an int >= 1")
+        check(self.draft_cost >= 0, f"{p}.draft_cost", self.draft_cost, "must be >= 0")
+
+    @property
+    def rate(self) -> float:
+        """Expected tokens a speculating sequence emits per decode step: (1 − a^(k+1))/(1 − a)."""
+        a, k = self.acceptance, self.tokens
+        return float(k + 1) if a == 1 else (1 - a ** (k + 1)) / (1 - a)
+
+    @property
+    def step_alpha_factor(self) -> float:
+        """A speculating step's fixed cost as a multiple of α: 1 + draft_cost·k."""
+        return 1 + self.draft_cost * self.tokens
 
 
 @dataclass(frozen=True)
@@ -43,6 +97,10 @@ class WorkerConfig:
     # first iteration; planner.calibrate fits it from the trace's compiling iterations). 0 = none.
     compile_s: float = 0.0
     sync_mode: str = "partial"  # partial: load now, in-flight samples continue | drain: finish in-flight, then load
+    speculation: SpeculationSimConfig = field(default_factory=SpeculationSimConfig)
+    # s to move a migrated group's prompt + prefix to its target worker (Decision.migrate); the
+    # target also re-prefills them (prefill_per_token). Both stall the target's decoding.
+    migration_s: float = 0.05
 
     def __post_init__(self) -> None:
         p = "sim.workers"
@@ -55,7 +113,8 @@ class WorkerConfig:
                 check(s > 0, f"{p}.speeds[{i}]", s, "must be > 0")
         for name in ("max_concurrency", "kv_capacity", "decode_alpha"):
             check(getattr(self, name) > 0, f"{p}.{name}", getattr(self, name), "must be > 0")
-        for name in ("decode_beta", "prefill_per_token", "t_sync", "load_lag", "colocated_slowdown", "compile_s"):
+        for name in ("decode_beta", "prefill_per_token", "t_sync", "load_lag", "colocated_slowdown", "compile_s",
+                     "migration_s"):
             check(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
         check_sync_mode(f"{p}.sync_mode", self.sync_mode, SYNC_MODES)
 

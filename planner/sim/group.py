@@ -12,7 +12,7 @@ class SimGroup:
     __slots__ = (
         "uid", "prompt_id", "prompt_tokens", "lengths", "done_tok", "state", "priority", "seq",
         "worker", "token", "rem", "base", "seg_base", "remaining", "kv", "versions", "last_versions",
-        "started", "min_version", "hangs", "stuck",
+        "started", "min_version", "hangs", "stuck", "fast", "critical",
     )
 
     def __init__(self, uid: int, prompt_id: int | str, prompt_tokens: int, lengths: list[int]) -> None:
@@ -37,9 +37,12 @@ class SimGroup:
         self.started = False  # on_group_started was reported
         self.hangs = False  # this attempt hangs when it starts (the stall fault model, drawn per attempt)
         self.stuck = 0  # sequences of its hung run holding slots on its worker (0: not hung)
+        self.fast = False  # its run speculates: progress counts on its worker's `scounter`
+        self.critical = False  # named in Decision.critical in this attempt (when=critical speculates it)
 
     def run_tokens(self, counter: float) -> int:
-        """Tokens this run has generated when its worker's decode counter reads `counter`."""
+        """Tokens this run has generated when its worker's counter of its kind (decode steps, or
+        speculated tokens for a `fast` run) reads `counter`."""
         d = int(counter - self.base + 1e-9)
         if d <= 0:
             return 0

@@ -110,4 +110,6 @@ def _decode_decision(d: dict[str, Any]) -> Decision:
         drop=[Drop(**x) for x in d["drop"]],
         moves=[Move(**m) for m in d["moves"]],
         train=d["train"],
+        critical=list(d.get("critical", [])),  # absent in traces recorded before the tail decisions
+        migrate=list(d.get("migrate", [])),
     )

@@ -31,6 +31,21 @@ each live worker's next completion is recomputed at both instants — on one mac
 the trainer share the cores, so decoding slows while a step runs and fewer tokens carry the old
 version. At 0 no factor changes and no event is added: runs are exactly those without the term.
 
+The tail (`Decision.critical`, `Decision.migrate`; docs/design.md §2.14): with
+`sim.workers.speculation.when=critical` a marked group speculates from then on (`Worker.make_fast`;
+the model is in planner/sim/workers.py and config.py), on every worker it runs on in this
+attempt; when=always speculates every run and ignores the marks. `migrate_groups` moves each
+running group to the least loaded other live worker — load = sequences decoding or hung, per
+unit of speed, counting the group itself on the target — only when that is strictly less than
+the source's, the target has the slots and KV to start it now, and it holds weights at least the
+group's start barrier and the source's version (so a migrated group's new tokens are never older
+than its earlier ones: its window [a(g), d(g)] holds as on the source). The source books the
+prefix (abort); the target pays `sim.workers.migration_s` plus a re-prefill of prompt + prefix
+(`prefill_per_token`), both as a stall of its decoding (a simplification: a real transfer would
+delay only the group), and starts the group at once, ahead of its queue (the policy names only
+groups the trainer waits for). Each move is a ledger `migrate` line with the prefix's versions.
+Neither adds a random draw; with speculation never and no migrate decisions, runs are as before.
+
 Everything random comes from `seed` (numpy Generators spawned per purpose), and nothing reads a
 clock, so a run is a function of (policy, config, seed). A run that runs out of events while the
 trainer still waits is a policy bug: it stops and reports `deadlock: true`.
@@ -54,9 +69,11 @@ from planner.sim.group import SimGroup
 from planner.sim.metrics import RunMetrics
 from planner.sim.recorder import EventRecorder
 from planner.sim.stream import AdmissionWindow
+from planner.sim.tail_log import TailLog
 from planner.sim.trainer import SimTrainer
 from planner.sim.workers import Worker
 from planner.sim.workloads import Workload, workload_params
+from planner.tools.tail import steps_from_metrics, tail
 from planner.types import Admission, Decision, Drop, GroupState, Move, PlanContext
 
 MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock
@@ -70,6 +87,7 @@ class NullLedger:
     def train(self, step: int, groups: Any) -> None: ...
     def drop(self, d: Drop, tokens: int = 0, length: int | None = None) -> None: ...
     def moves(self, moves: Any) -> None: ...
+    def migrate(self, uid: int, src: int, dst: int, versions: Any) -> None: ...
     def flush(self) -> None: ...
 
 
@@ -117,6 +135,7 @@ class Simulator:
         self.trainer = SimTrainer(cfg.trainer, ctx.total_steps)
         self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
         self.metrics = RunMetrics()
+        self.tail = TailLog()
         self.queue = EventQueue()
         self.now = 0.0
         self.groups: dict[int, SimGroup] = {}  # admitted, untrained, not dropped
@@ -127,6 +146,10 @@ class Simulator:
         self.admitted = 0
         self.readmissions = 0
         self.stalls = 0  # hung attempts aborted at their stall timeout
+        self.spec_when = cfg.workers.speculation.when
+        self.migration_s = cfg.workers.migration_s
+        self.migrations = 0  # groups moved by Decision.migrate
+        self.marked = 0  # groups made to speculate by Decision.critical (when=critical)
         self._enqueue_seq = 0
         self._out: list[tuple[float, EventKind, Any]] = []
         self._changed = False  # something a policy can see changed since the last settle
@@ -179,7 +202,7 @@ class Simulator:
 
     # ================================================================== decisions
     def _apply(self, d: Decision, call: str) -> None:
-        if d.admit or d.drop or d.moves or d.train is not None:  # most decisions are empty: the hot path
+        if d.admit or d.drop or d.moves or d.train is not None or d.critical or d.migrate:  # most are empty: the hot path
             apply_decision(self, d, call=call, policy=self.policy.name)
 
     # The DecisionHost hooks (planner.driver); apply_decision has checked each uid.
@@ -193,10 +216,62 @@ class Simulator:
         self.ledger.moves(moves)
 
     def mark_critical(self, uids: list[int]) -> None:
-        pass  # the simulated workers do not speculate yet
+        if self.spec_when != "critical":
+            return  # never: no worker speculates; always: every run already does
+        for uid in uids:
+            g = self.groups[uid]
+            g.critical = True  # a queued group speculates once it starts
+            self.marked += 1
+            if g.state == GroupState.RUNNING and self.workers[g.worker].make_fast(self.now, g):
+                self._reschedule(self.workers[g.worker])
 
     def migrate_groups(self, uids: list[int]) -> None:
-        pass  # the simulated workers do not migrate yet
+        for uid in uids:
+            g = self.groups[uid]
+            if g.state != GroupState.RUNNING or g.stuck or not g.remaining:
+                continue  # queued (the router already chose), hung, or done at this instant
+            src = self.workers[g.worker]
+            dst = self._migration_target(src, g)
+            if dst is None:
+                continue
+            booked = src.abort(self.now, g)
+            if booked:
+                self._apply(self.p.on_tokens(uid=uid, version=src.version, tokens=booked, now=self.now), "on_tokens")
+            self.ledger.migrate(uid, src.index, dst.index, g.versions_list())
+            self.migrations += 1
+            rem = [l - d for l, d in zip(g.lengths, g.done_tok)]
+            self.tail.migrated(uid, self.now, src.stalled_by(self.now), dst.index, dst.stalled_by(self.now))
+            dst.advance(self.now)
+            dst.stall(self.now, self.migration_s)
+            g.worker = dst.index
+            dst._start(self.now, g, rem, sum(1 for r in rem if r > 0), g.prompt_tokens + sum(g.lengths))
+            self._kick(src, force=True)
+            self._kick(dst, force=True)
+            self._changed = True
+
+    def _migration_target(self, src: Worker, g: SimGroup) -> Worker | None:
+        """The least loaded other live worker that can start `g` now on weights at least its own,
+        if strictly less loaded with `g` than `src` is; else None (docstring above)."""
+        n = g.remaining
+        floor = max(g.min_version, src.version)
+        best, best_load = None, (src.active + src.stuck) / src.speed
+        for w in self.workers:
+            if w is src or not w.alive or w.pending_version is not None or w.version < floor:
+                continue
+            held = w.active + w.stuck
+            if held + n > w.max_seqs or w.kv_used + g.prompt_tokens + sum(g.lengths) > w.kv_cap:
+                continue
+            load = (held + n) / w.speed
+            if load < best_load:
+                best, best_load = w, load
+        return best
+
+    def _reschedule(self, w: Worker) -> None:
+        """`w`'s rates changed without a start or an end: its next completion is recomputed."""
+        w.epoch += 1
+        t = w.next_completion()
+        if t is not None:
+            self._out.append((t, EventKind.COMPLETION, (w.index, w.epoch)))
 
     def admit_group(self, a: Admission) -> None:
         if a.uid in self.window:
@@ -209,8 +284,10 @@ class Simulator:
             g = self.lost.pop(a.uid)
             self.readmissions += 1
         self.ledger.admit(a)
+        self.tail.admitted(a.uid, self.now)
         g.priority = a.priority
         g.min_version = a.version
+        g.critical = False  # a new attempt: the policy marks it again if the trainer needs it
         g.hangs = bool(self.stall_prob) and self.stall_rng.random() < self.stall_prob  # drawn per attempt
         self._route(g)
         self._changed = True
@@ -243,6 +320,7 @@ class Simulator:
             g.state = GroupState.TRAINED
             del self.groups[uid]
         self.ledger.train(step, [(uid, v) for uid, v, _ in batch])
+        self.tail.trained(step, uids)
         hist = self.metrics.train(step, batch)
         tokens = sum(hist.values())
         wait = self.now - trainer.wait_since
@@ -303,6 +381,7 @@ class Simulator:
         if g.stuck:  # a hung attempt: the watchdog gives up on it stall_timeout_s from now
             self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
         self.ledger.start(g.uid, w.version)
+        self.tail.started(g.uid, w.index, self.now, w.stalled_by(self.now), max(g.rem, default=0))
         self._changed = True
         self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
         if g.state == GroupState.DONE:  # nothing to generate
@@ -310,6 +389,7 @@ class Simulator:
 
     def _finished(self, g: SimGroup, version: int) -> None:
         last = tuple(g.last_versions) if g.last_versions else (version,)
+        self.tail.finished(g.uid, g.worker, self.now, self.workers[g.worker].stalled_by(self.now))
         self._changed = self._ask = True
         self._apply(
             self.p.on_group_finished(uid=g.uid, versions=g.versions_list(), now=self.now, last_versions=last),
@@ -320,6 +400,7 @@ class Simulator:
         """Weights `version` go onto `w` (partial rollout books in-flight tokens to the old version)."""
         for g, old, tokens in w.apply_version(self.now, version):
             self._apply(self.p.on_tokens(uid=g.uid, version=old, tokens=tokens, now=self.now), "on_tokens")
+        self.tail.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)
         self._out.append((w.stall_until, EventKind.SYNC_DONE, (w.index, version, w.life)))
 
     def _begin_load(self, w: Worker, version: int) -> None:
@@ -443,6 +524,7 @@ class Simulator:
     def _on_restart(self, index: int) -> None:
         w = self.workers[index]
         w.revive(self.now, self.published)
+        self.tail.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)  # a restart loads the newest weights
         self._changed = True
         parked, self.parked = self.parked, []
         for g in parked:
@@ -477,4 +559,15 @@ class Simulator:
             policy_params=dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
             workload=workload_params(self.workload),
             seed=self.seed,
+            tail=tail(self.tail.groups(), steps_from_metrics(self.metrics.steps)),
+            **self._tail_summary(),
         )
+
+    def _tail_summary(self) -> dict[str, Any]:
+        """The tail's keys, only where speculation or migration is on (older summaries stay as they are)."""
+        out: dict[str, Any] = {}
+        if self.spec_when != "never":
+            out["speculation"] = {**dataclasses.asdict(self.cfg.workers.speculation), "groups_marked": self.marked}
+        if self.migrations:
+            out["migrations"] = self.migrations
+        return out

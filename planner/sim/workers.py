@@ -26,6 +26,19 @@ A hung attempt (`SimGroup.hangs`, the stall fault model) starts like any other �
 KV — but none of its sequences ever advances: it holds `stuck` slots and its KV until the
 simulator's stall timeout aborts it.
 
+Speculation (`sim.workers.speculation`, planner/sim/config.py SpeculationSimConfig): a run that
+speculates (`SimGroup.fast`: every run under when=always, the groups the policy marked critical
+under when=critical) counts its progress on a second counter, `scounter`: the tokens one such
+sequence has emitted, which grows by the expected accepted run (1 − a^(k+1))/(1 − a) per decode
+step while the worker is weight-bound (active <= max_active) and by 1 otherwise; its finish
+targets sit in a second heap, `sseqs`. A step with a speculating sequence active costs
+α·(1 + draft_cost·k) + β·active in that regime. Both counters advance together, so the fluid
+model stays exact between changes. `scounter` only moves while a speculating sequence is active
+(nothing reads it otherwise), so with speculation off every step and float is as before. Marking
+a running group (`make_fast`) books its tokens so far, folds its per-trajectory progress into
+`done_tok` (dropping a fraction of a token each, a simplification) and restarts its run on
+`scounter` under a new run token (the old heap entries go stale).
+
 Deliberate simplifications: a group starts only as a whole (all n trajectories, one shared
 prefill); its KV reservation is its final footprint (prompt + all responses), released when the
 whole group ends — no paging or preemption; the queue is strict priority order (head-of-line
@@ -48,7 +61,8 @@ class Worker:
         "index", "speed", "alpha", "beta", "prefill", "t_sync", "max_seqs", "kv_cap",
         "counter", "t_last", "stall_until", "active", "seqs", "runs", "queue", "kv_used",
         "version", "synced_version", "pending_version", "alive", "life", "epoch", "busy_since", "busy_total",
-        "stuck", "slow", "_next_token",
+        "stuck", "slow", "stall_total", "_next_token",
+        "spec_when", "spec_rate", "spec_alpha", "spec_k", "spec_budget", "scounter", "sseqs", "spec_active",
     )
 
     def __init__(self, index: int, cfg: WorkerConfig) -> None:
@@ -63,6 +77,7 @@ class Worker:
         self.counter = 0.0  # cumulative decode steps
         self.t_last = 0.0  # time at which `counter` is exact
         self.stall_until = cfg.compile_s  # no decoding before this time (compile, prefill, weight load)
+        self.stall_total = cfg.compile_s  # seconds of every stall so far, the queued ones included
         self.active = 0  # sequences decoding
         self.stuck = 0  # sequences of hung runs: they hold slots but never advance
         self.seqs: list[tuple[float, int]] = []  # heap of (finish counter, run token)
@@ -79,6 +94,15 @@ class Worker:
         self.busy_total = 0.0  # time with >= 1 active sequence
         self.slow = 1.0  # decode step cost multiplier: 1 + colocated_slowdown while the trainer trains
         self._next_token = 0
+        spec = cfg.speculation
+        self.spec_when = spec.when
+        self.spec_rate = spec.rate  # tokens per decode step of a speculating sequence (weight-bound)
+        self.spec_alpha = cfg.decode_alpha * spec.step_alpha_factor  # a speculating step's fixed cost
+        self.spec_k = spec.tokens
+        self.spec_budget = (spec.tokens + 1) * spec.max_active  # query positions of a weight-bound step
+        self.scounter = 0.0  # cumulative tokens of one speculating sequence (moves while spec_active)
+        self.sseqs: list[tuple[float, int]] = []  # heap of (finish scounter, run token) of fast runs
+        self.spec_active = 0  # active sequences of fast runs
 
     # ------------------------------------------------------------------ time
     def advance(self, now: float) -> None:
@@ -86,7 +110,16 @@ class Worker:
         if self.active:
             start = self.t_last if self.t_last > self.stall_until else self.stall_until
             if now > start:
-                self.counter += (now - start) * self.speed / ((self.alpha + self.beta * self.active) * self.slow)
+                if not self.spec_active:
+                    self.counter += (now - start) * self.speed / ((self.alpha + self.beta * self.active) * self.slow)
+                elif self.active + self.spec_k * self.spec_active <= self.spec_budget:  # weight-bound: they speculate
+                    steps = (now - start) * self.speed / ((self.spec_alpha + self.beta * self.active) * self.slow)
+                    self.counter += steps
+                    self.scounter += steps * self.spec_rate
+                else:
+                    steps = (now - start) * self.speed / ((self.alpha + self.beta * self.active) * self.slow)
+                    self.counter += steps
+                    self.scounter += steps
         self.t_last = now
 
     def set_slow(self, now: float, factor: float) -> None:
@@ -103,10 +136,37 @@ class Worker:
         if not self.active:
             return None
         start = self.t_last if self.t_last > self.stall_until else self.stall_until
-        return start + (seqs[0][0] - self.counter) * (self.alpha + self.beta * self.active) * self.slow / self.speed
+        if not self.spec_active:
+            return start + (seqs[0][0] - self.counter) * (self.alpha + self.beta * self.active) * self.slow / self.speed
+        return start + self._steps_to_next() * self._step_s()
+
+    def _spec_now(self) -> bool:
+        """The fast runs speculate in the current step: it stays weight-bound (config.py)."""
+        return self.active + self.spec_k * self.spec_active <= self.spec_budget
+
+    def _step_s(self) -> float:
+        alpha = self.spec_alpha if self._spec_now() else self.alpha
+        return (alpha + self.beta * self.active) * self.slow / self.speed
+
+    def _steps_to_next(self) -> float:
+        """Decode steps until the earliest sequence of either heap finishes (spec_active > 0)."""
+        seqs, sseqs, runs = self.seqs, self.sseqs, self.runs
+        while seqs and seqs[0][1] not in runs:
+            heappop(seqs)
+        while sseqs and sseqs[0][1] not in runs:
+            heappop(sseqs)
+        plain = seqs[0][0] - self.counter if seqs else float("inf")
+        fast = (sseqs[0][0] - self.scounter) / (self.spec_rate if self._spec_now() else 1.0) if sseqs else float("inf")
+        return plain if plain < fast else fast
 
     def stall(self, now: float, seconds: float) -> None:
         self.stall_until = (self.stall_until if self.stall_until > now else now) + seconds
+        self.stall_total += seconds
+
+    def stalled_by(self, now: float) -> float:
+        """Seconds this worker has stood still up to `now` (the tail analysis, planner/sim/tail_log.py).
+        Exact: stalls queue one after another, so what is still to come is `stall_until − now`."""
+        return self.stall_total - (self.stall_until - now if self.stall_until > now else 0.0)
 
     def _set_active(self, now: float, active: int) -> None:
         if active and not self.active:
@@ -164,12 +224,15 @@ class Worker:
         group.state = GroupState.RUNNING
         group.token = token
         group.rem = rem
-        group.base = group.seg_base = self.counter
+        fast = not group.hangs and (self.spec_when == "always" or (self.spec_when == "critical" and group.critical))
+        group.fast = fast
+        counter, heap = (self.scounter, self.sseqs) if fast else (self.counter, self.seqs)
+        group.base = group.seg_base = counter
         group.remaining = n
         for r in rem:
             if r > 0:
                 if not group.hangs:
-                    heappush(self.seqs, (self.counter + r, token))
+                    heappush(heap, (counter + r, token))
             elif first_run:
                 group.last_versions.append(self.version)  # an empty response: done at once
         if n == 0:  # nothing to generate (empty responses): done at start
@@ -187,19 +250,72 @@ class Worker:
         group.kv = kv
         self.kv_used += kv
         self.runs[token] = group
+        if fast:
+            self.spec_active += n
         self._set_active(now, self.active + n)
+
+    def make_fast(self, now: float, group: SimGroup) -> bool:
+        """Group `group`, running here, speculates from `now` on (when=critical marked it).
+
+        Its tokens so far are booked to the current version and its per-trajectory progress folds
+        into `done_tok`; the run continues on `scounter` under a new run token. Returns False (and
+        changes nothing) for a run that is hung, already fast or has nothing left to decode; the
+        caller reschedules the worker's next completion otherwise."""
+        if group.fast or group.stuck or not group.remaining:
+            return False
+        self.advance(now)
+        self._book(group, group.run_tokens(self.counter))
+        steps = max(0, int(self.counter - group.base + EPS))
+        # Its `remaining` unfinished trajectories are its longest (all advance alike); the others
+        # ended. Choosing them by length, not by the floored progress, keeps the count exact.
+        order = sorted(range(len(group.rem)), key=lambda i: -group.rem[i])
+        unfinished = set(order[:group.remaining])
+        rem = []
+        for i, r in enumerate(group.rem):
+            done = min(r, steps) if i in unfinished else r
+            group.done_tok[i] += done
+            rem.append(r - done)
+        del self.runs[group.token]  # its entries in `seqs` go stale
+        token = self._next_token
+        self._next_token += 1
+        self.runs[token] = group
+        group.token, group.rem, group.fast = token, rem, True
+        group.base = group.seg_base = self.scounter
+        for i in unfinished:  # one due at this very instant (rem 0) finishes at the next completion
+            heappush(self.sseqs, (self.scounter + rem[i], token))
+        self.spec_active += group.remaining
+        return True
 
     # ------------------------------------------------------------------ progress
     def complete(self, now: float) -> list[SimGroup]:
         """The earliest sequence finished (the engine checked the epoch): pop every sequence that is
         done by now and return the groups whose last trajectory ended."""
         self.advance(now)
+        if self.spec_active:
+            return self._complete_both(now)
         seqs, runs = self.seqs, self.runs
         if self.counter < seqs[0][0]:
             self.counter = seqs[0][0]  # exact: the event was computed for this target
-        limit = self.counter + EPS
-        finished = []
-        active = self.active
+        finished: list[SimGroup] = []
+        self._set_active(now, self._pop_done(seqs, self.counter + EPS, finished, self.active))
+        return finished
+
+    def _complete_both(self, now: float) -> list[SimGroup]:
+        """`complete` with fast runs active: snap both counters to the earliest target, pop both heaps."""
+        steps = self._steps_to_next()
+        if steps > 0:  # exact: the event was computed for this target
+            self.counter += steps
+            self.scounter += steps * (self.spec_rate if self._spec_now() else 1.0)
+        finished: list[SimGroup] = []
+        active = self._pop_done(self.seqs, self.counter + EPS, finished, self.active)
+        self._set_active(now, self._pop_done(self.sseqs, self.scounter + EPS, finished, active, fast=True))
+        return finished
+
+    def _pop_done(self, seqs: list[tuple[float, int]], limit: float, finished: list[SimGroup], active: int,
+                  fast: bool = False) -> int:
+        """Pop the sequences of `seqs` done by `limit`, appending the groups whose last trajectory
+        ended; returns `active` less the popped sequences."""
+        runs = self.runs
         version = self.version
         while seqs and seqs[0][0] <= limit:
             _, token = heappop(seqs)
@@ -207,6 +323,8 @@ class Worker:
             if group is None:
                 continue
             active -= 1
+            if fast:
+                self.spec_active -= 1
             group.last_versions.append(version)
             group.remaining -= 1
             if group.remaining == 0:
@@ -215,15 +333,14 @@ class Worker:
                 self._book(group, sum(group.rem))
                 group.state = GroupState.DONE
                 finished.append(group)
-        self._set_active(now, active)
-        return finished
+        return active
 
     def _book(self, group: SimGroup, run_tokens: int) -> int:
         """Book the run's tokens since the segment start to the current version; returns them."""
         tokens = run_tokens - group.run_tokens(group.seg_base)
         if tokens:
             group.versions[self.version] = group.versions.get(self.version, 0) + tokens
-        group.seg_base = self.counter
+        group.seg_base = self.scounter if group.fast else self.counter
         return tokens
 
     def apply_version(self, now: float, version: int) -> list[tuple[SimGroup, int, int]]:
@@ -233,7 +350,7 @@ class Worker:
         booked = []
         old = self.version
         for group in self.runs.values():
-            tokens = self._book(group, group.run_tokens(self.counter))
+            tokens = self._book(group, group.run_tokens(self.scounter if group.fast else self.counter))
             if tokens:
                 booked.append((group, old, tokens))
         self.version = version
@@ -245,11 +362,14 @@ class Worker:
         """Stop a running group; its tokens so far are booked (the caller decides if they are wasted).
         Returns the tokens booked to the current version."""
         self.advance(now)
-        booked = self._book(group, group.run_tokens(self.counter))
+        counter = self.scounter if group.fast else self.counter
+        booked = self._book(group, group.run_tokens(counter))
         for i, r in enumerate(group.rem):
-            group.done_tok[i] += min(r, max(0, int(self.counter - group.base + EPS)))
+            group.done_tok[i] += min(r, max(0, int(counter - group.base + EPS)))
         del self.runs[group.token]
         self.kv_used -= group.kv
+        if group.fast:
+            self.spec_active -= group.remaining
         self._set_active(now, self.active - group.remaining)
         group.remaining = 0
         self.stuck -= group.stuck

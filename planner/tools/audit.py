@@ -7,7 +7,9 @@ token version), losses from admits that never reach a `train` or `drop`. Exit st
 trained token is staler than η, a group is lost, a group is trained twice (or trained after a
 drop), a token's version is older than its group's admission version or newer than the step
 that trained it, the ledger is malformed, empty, or stops short of the run's metrics.jsonl /
-summary.json, or (with --max-length-bias) the length-bias KS statistic exceeds X. η defaults to
+summary.json, a `migrate` line names a group that is not open, a group's trained (or dropped)
+tokens do not contain the prefix a `migrate` line moved, version for version (a move lost or
+re-versioned tokens), or (with --max-length-bias) the length-bias KS statistic exceeds X. η defaults to
 the run's summary.json: its `staleness_bound` (the policy's own claim, looser than
 `max_staleness` for torchtitan's windowed FIFO) or else its `max_staleness`; with neither, only
 the structural checks apply.
@@ -40,6 +42,7 @@ class AuditReport:
     groups_dropped: int = 0
     readmissions: int = 0
     moves: int = 0
+    migrations: int = 0  # `migrate` lines: running groups moved to another replica, prefix kept
     tokens_trained: int = 0
     tokens_wasted: int = 0
     max_token_staleness: int = 0
@@ -104,6 +107,9 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
     hist: Counter[int] = Counter()
     steps_seen: set[int] = set()
     events = 0
+    # uid -> (version -> tokens the group's migrations moved, line of the latest): since its latest
+    # admission (a re-admission may regenerate, discarding the prefix legitimately).
+    prefixes: dict[int, tuple[Counter[int], int]] = {}
 
     for ev in read_ledger(ledger):
         kind, line = ev["event"], ev["_line"]
@@ -119,6 +125,7 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
                 else:
                     report.groups_admitted += 1
                 admitted[uid] = int(ev["version"])
+                prefixes.pop(uid, None)
             elif kind == "train":
                 step = int(ev["step"])
                 if step in steps_seen:
@@ -138,6 +145,10 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
                     a = admitted.pop(uid)
                     closed[uid] = "trained"
                     report.groups_trained += 1
+                    lacking = _lacking(prefixes.pop(uid, None), grp["versions"])
+                    if lacking:
+                        report.errors.append(f"line {line}: uid {uid} trained without the prefix a migration moved: "
+                                             f"{lacking} (a move lost or re-versioned tokens)")
                     worst = total = 0
                     for v, tokens in grp["versions"]:
                         v, tokens = int(v), int(tokens)
@@ -166,6 +177,10 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
                 closed[uid] = "dropped"
                 report.groups_dropped += 1
                 tokens = int(ev.get("tokens", 0))
+                moved = prefixes.pop(uid, None)
+                if moved is not None and "tokens" in ev and tokens < sum(moved[0].values()):
+                    report.errors.append(f"line {line}: uid {uid} dropped with {tokens} tokens, fewer than the "
+                                         f"{sum(moved[0].values())} its migration (line {moved[1]}) moved")
                 report.tokens_wasted += tokens
                 # A drop's completion length: the true length when the driver knows it (the
                 # simulator's `length`), else at least what it generated.
@@ -177,6 +192,20 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
                 report.moves += 1
             elif kind == "start":
                 int(ev["uid"]), int(ev["version"])
+            elif kind == "migrate":
+                uid = int(ev["uid"])
+                int(ev["from"]), int(ev["to"])
+                versions = [(int(v), int(t)) for v, t in ev["versions"]]
+                report.migrations += 1
+                if uid not in admitted:
+                    report.errors.append(f"line {line}: uid {uid} migrated but not open "
+                                         f"({closed.get(uid, 'never admitted')})")
+                    continue
+                lacking = _lacking(prefixes.get(uid), versions)
+                if lacking:
+                    report.errors.append(f"line {line}: uid {uid} migrated without the prefix its earlier migration "
+                                         f"moved: {lacking}")
+                prefixes[uid] = (Counter(dict(versions)) | prefixes.get(uid, (Counter(), 0))[0], line)
             else:
                 report.errors.append(f"line {line}: unknown event '{kind}'")
         except (KeyError, TypeError, ValueError) as e:
@@ -193,6 +222,18 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
         report.max_token_staleness = max(s for s, t in hist.items() if t)
         report.mean_token_staleness = sum(s * t for s, t in hist.items()) / report.tokens_trained
     return report
+
+
+def _lacking(moved: tuple[Counter[int], int] | None, versions: Any) -> str:
+    """'' when `versions` ([[v, tokens], ...]) hold, per version, at least the tokens `moved`
+    (the prefix of the group's migrations, and the line of the latest); else what is missing."""
+    if moved is None:
+        return ""
+    have: Counter[int] = Counter()
+    for v, t in versions:
+        have[int(v)] += int(t)
+    short = [f"version {v}: {have[v]} < {t}" for v, t in sorted(moved[0].items()) if have[v] < t]
+    return f"{', '.join(short)} (migrate line {moved[1]})" if short else ""
 
 
 def _read_summary(path: Path) -> dict[str, Any]:

@@ -30,6 +30,12 @@ group_size=n steps=S hydra.run.dir=RUN_DIR/replay`, with P, η, B, n, S the run'
 `summary.json`, the trace's `run` line and its `.hydra/config.yaml` policy parameters): without
 them the simulator runs its own defaults.
 
+Tail terms (planner/tools/calibrate_tail.py): speculating iterations (`drafted` > 0) are left out
+of the decode fit; from them come `sim.workers.speculation.{when, acceptance, tokens, draft_cost,
+max_active}`, and from `migrate` lines `sim.workers.migration_s`. They are written only when the
+trace holds them, so a run without speculation or migration calibrates exactly as before; a
+simulator without those keys gets them in `fit.tail_terms` instead (with a warning).
+
 Warm-up: iterations that compiled a jitted step (marked in the trace) and trainer steps longer
 than `OUTLIER`× the median (the step's own compilation) are left out of the fits: their time is
 XLA's, not the cost model's. What they took beyond the fitted model is the run's compile time,
@@ -41,6 +47,7 @@ error and exit status 1.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import shlex
@@ -54,8 +61,8 @@ import yaml
 
 from planner.configs import build
 from planner.registry import given_params
-from planner.sim.config import SimConfig
-from planner.tools import entry
+from planner.sim.config import SimConfig, WorkerConfig
+from planner.tools import calibrate_tail, entry
 from planner.tools.run_trace import TRACE_FILE, read_run_trace
 
 CALIBRATION_FILE = "calibration.yaml"
@@ -147,12 +154,17 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
         raise ValueError(f"{run_dir}: no such run directory")
     events = list(read_run_trace(path))
     by = {kind: [e for e in events if e["event"] == kind] for kind in ("run", "train", "publish", "load", "synced",
-                                                                       "decode")}
+                                                                       "decode", "migrate")}
     _need(by["run"], "run", path, "every segment of a run starts with one; is this a run's trace?")
     head = by["run"][0]
     _need(by["train"], "train", path, "the run trained no step")
     timed = [e for e in by["decode"] if not e.get("compile")]
     _need(timed, "decode", path, f"engine={head.get('engine')} reports no iteration timings")
+    # Speculating iterations cost more per step: the cost model is fitted to the plain ones, the
+    # draft cost to the speculating ones beside it (planner/tools/calibrate_tail.py).
+    speculating = [e for e in timed if e.get("drafted")]
+    timed = [e for e in timed if not e.get("drafted")]
+    _need(timed, "plain decode", path, "every timed iteration speculated: the draft cost needs plain ones to compare with")
     # A colocated engine decodes slower while the trainer trains: the cost model is fitted to the
     # iterations outside steps, the slowdown to those inside. Elsewhere (or with no iteration on
     # one side) every iteration is fitted alike and the slowdown is 0.
@@ -212,6 +224,9 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
         "compile_s": _round(decode_compile), "sync_mode": head.get("sync_mode", "partial")}
     if head.get("kv_tokens"):
         worker_keys["kv_capacity"] = int(head["kv_tokens"])
+    spec_lines = [e for e in speculating if not e.get("train")] if split else speculating
+    tail_fit, tail_warnings = tail_terms(calibrate_tail.speculation(spec_lines or speculating, head, dec.coef, speed),
+                                         calibrate_tail.migration(by["migrate"], prefill, speed), worker_keys)
     sim = {"workers": worker_keys, "trainer": {"c0": _round(c0), "c1": _round(c1), "wait_sync": True,
                                                "compile_s": _round(trainer_compile)}}
     if head.get("admission_window"):
@@ -224,7 +239,7 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
         too_few_lines("trainer", ("trainer.c0", "trainer.c1"), len(kept)),
         too_few_lines("colocation (iterations in trainer steps)", ("workers.colocated_slowdown",), len(in_steps))
         if split else None,
-    ) if w]
+    ) if w] + tail_warnings
     if not lags:
         warnings.append("push: sim.workers.load_lag set to 0: no load or synced line follows a publish")
     run = run_context(Path(run_dir), head, by["train"])
@@ -236,11 +251,48 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
                 "colocation": {"colocated": colocated, "lines_in_steps": len(in_steps), "lines_outside": len(outside),
                                "fitted": split},
                 "compile": {"decode_lines": len(compiling), "trainer_steps": len(steps) - len(kept)},
-                "warnings": warnings},
+                **tail_fit, "warnings": warnings},
         "run": run,
     }
     cal["run"]["replay"] = replay_command(Path(run_dir), cal)
     return cal
+
+
+def tail_terms(spec: dict[str, Any] | None, mig: dict[str, Any] | None,
+               worker_keys: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Put the fitted speculation and migration terms into `worker_keys` (`sim.workers.speculation`,
+    `sim.workers.migration_s`) where this simulator has them; returns the `fit` entries (nothing
+    for a trace without them: its calibration is what it was) and their warnings. A simulator
+    without the keys gets them in `fit.tail_terms` (dotted sim keys -> value) with a warning."""
+    fields = {f.name for f in dataclasses.fields(WorkerConfig)}
+    fit: dict[str, Any] = {}
+    warnings: list[str] = []
+    keys: dict[str, Any] = {}
+    if spec is not None:
+        fit["speculation"] = {"lines": spec["lines"], "kept_share": round(spec["kept_share"], 4)}
+        if spec["acceptance"] is None:
+            warnings.append("speculation: the trace's run line has no speculation.tokens (k): acceptance and "
+                            "draft_cost are not fitted (kept share in fit.speculation)")
+        else:
+            keys.update({f"speculation.{k}": spec[k] if k in ("when", "tokens", "max_active") else _round(spec[k])
+                         for k in ("when", "acceptance", "tokens", "draft_cost", "max_active")})
+    if mig is not None:
+        fit["migration"] = {"moves": mig["moves"]}
+        keys["migration_s"] = _round(mig["migration_s"])
+    if not keys:
+        return fit, warnings
+    if {k.split(".")[0] for k in keys} <= fields:
+        for key, value in keys.items():
+            section, _, name = key.partition(".")
+            if name:
+                worker_keys.setdefault(section, {})[name] = value
+            else:
+                worker_keys[key] = value
+    else:
+        fit["tail_terms"] = {f"sim.workers.{k}": v for k, v in keys.items()}
+        warnings.append("this simulator has no sim.workers.speculation / migration_s: the fitted terms are in "
+                        "fit.tail_terms, not applied")
+    return fit, warnings
 
 
 def run_context(run_dir: Path, head: dict[str, Any], trains: list[dict[str, Any]]) -> dict[str, Any]:
@@ -312,7 +364,22 @@ def report(cal: dict[str, Any]) -> str:
         f"warm-up: compile {w['compile_s']:.4g} s per worker before decoding (compiling lines: "
         f"{f['compile']['decode_lines']}), {t['compile_s']:.4g} s more on the first step (steps left out: "
         f"{f['compile']['trainer_steps']})",
+        *tail_report(cal),
     ])
+
+
+def tail_report(cal: dict[str, Any]) -> list[str]:
+    """The speculation and migration lines of the report, when the trace held them."""
+    f, w = cal["fit"], cal["sim"]["workers"]
+    terms = f.get("tail_terms") or {f"sim.workers.{k}": v for k, v in w.items() if k in ("speculation", "migration_s")}
+    out = []
+    if "speculation" in f:
+        out.append(f"speculation: {f['speculation']['lines']} lines, kept share {f['speculation']['kept_share']}")
+    if "migration" in f:
+        out.append(f"migration: {f['migration']['moves']} moves")
+    if out:
+        out.append(f"tail terms: {terms or 'not fitted'}{' (fit.tail_terms, not applied)' if 'tail_terms' in f else ''}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

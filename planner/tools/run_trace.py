@@ -21,12 +21,23 @@ clock, earlier segments of a resumed run included (the runtime's `Controller.now
     {"event": "load", "t", "version", "worker", "s"}     a worker began loading it, for `s` seconds
     {"event": "synced", "t", "version"}                  every worker holds it (the push returned)
     {"event": "decode", "t", "worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"
-     [, "compile": true] [, "train": true]}
+     [, "compile": true] [, "train": true] [, "drafted", "accepted"]}
+    {"event": "migrate", "t", "uid", "from", "to", "s" [, "prefill_tokens"]}   a running group moved
+        from replica `from` to `to`; s: the move took this long (abort, transfer, re-prefill, up to
+        the target's first token); prefill_tokens: prompt + prefix tokens the target prefilled
+
+The `run` line may carry `"speculation": {"when", "tokens", "max_active"}` (an engine that
+speculates: `engine.speculation.*`); `planner.calibrate` needs `tokens` (k) to turn the measured
+share of drafted tokens kept into the simulator's per-token acceptance.
 
 `decode` lines aggregate the engine's iterations between two step ends, per worker and per mean
 active count (round(tokens / steps)): one line per decode call would be thousands a step. The sums
 are exactly what a least-squares fit of `s = α·steps + β·tokens + p·prefill_tokens` needs.
 Iterations that compiled a jitted step are kept apart (`compile`): their time is XLA's, not the step's.
+Speculating iterations (drafted > 0) are kept apart too and carry `drafted` / `accepted` (draft
+tokens proposed / kept by the verification); their `tokens` count the accepted drafts, each
+verification emitting one token of its own beside them, so their active count is
+round((tokens − accepted) / steps): speculating and plain lines at the same count compare.
 Iterations whose midpoint falls inside a trainer step (batch handed over -> version published) are
 kept apart too (`train`): on a colocated engine they share the devices with the step, and their
 ratio to the others is what `planner.calibrate` fits `sim.workers.colocated_slowdown` to.
@@ -47,7 +58,8 @@ from typing import Any
 from planner.jsonl import JsonlWriter, read_jsonl_lines
 
 TRACE_FILE = "trace.jsonl"
-EVENTS = ("run", "admit", "start", "finish", "lost", "drop", "train", "publish", "load", "synced", "decode")
+EVENTS = ("run", "admit", "start", "finish", "lost", "drop", "train", "publish", "load", "synced", "decode",
+          "migrate")
 # The fields each event must carry besides `event` and `t` (what the readers rely on).
 FIELDS = {
     "run": ("step", "group_size", "workers", "slots"),
@@ -61,6 +73,7 @@ FIELDS = {
     "load": ("version", "worker", "s"),
     "synced": ("version",),
     "decode": ("worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"),
+    "migrate": ("uid", "from", "to", "s"),
 }
 
 
@@ -70,21 +83,28 @@ class TraceWriter(JsonlWriter):
     def write(self, event: str, t: float, **fields: Any) -> None:
         self.append({"event": event, "t": round(t, 6), **fields})
 
-    def decode(self, t: float, calls: list[tuple[int, float, int, int, int, bool, bool]]) -> None:
-        """One `decode` line per (worker, mean active count, compiled, training) of `calls`:
-        (worker, seconds, steps, tokens, prefill tokens, compiled, training) of each engine
-        iteration since the last call. Iterations that compiled a step go to lines of their own,
-        marked `"compile": true`; those that ran during a trainer step, `"train": true`."""
-        sums: dict[tuple[int, int, bool, bool], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0])
-        for worker, seconds, steps, tokens, prefill, compiled, training in calls:
-            s = sums[(worker, round(tokens / steps) if steps else 0, compiled, training)]
+    def decode(self, t: float, calls: list[tuple]) -> None:
+        """One `decode` line per (worker, mean active count, compiled, training, speculating) of
+        `calls`: (worker, seconds, steps, tokens, prefill tokens, compiled, training[, drafted,
+        accepted]) of each engine iteration since the last call. Iterations that compiled a step
+        go to lines of their own, marked `"compile": true`; those that ran during a trainer step,
+        `"train": true`; those that speculated (drafted > 0), lines with `drafted` and `accepted`."""
+        sums: dict[tuple[int, int, bool, bool, bool], list[float]] = defaultdict(lambda: [0, 0, 0, 0, 0.0, 0, 0])
+        for worker, seconds, steps, tokens, prefill, compiled, training, *spec in calls:
+            drafted, accepted = spec if spec else (0, 0)
+            active = round((tokens - accepted) / steps) if steps else 0
+            s = sums[(worker, active, compiled, training, drafted > 0)]
             s[0] += 1
             s[1] += steps
             s[2] += tokens
             s[3] += prefill
             s[4] += seconds
-        for (worker, active, compiled, training), (n, steps, tokens, prefill, seconds) in sorted(sums.items()):
-            extra = ({"compile": True} if compiled else {}) | ({"train": True} if training else {})
+            s[5] += drafted
+            s[6] += accepted
+        for (worker, active, compiled, training, spec), (n, steps, tokens, prefill, seconds, drafted, accepted) \
+                in sorted(sums.items()):
+            extra = ({"compile": True} if compiled else {}) | ({"train": True} if training else {}) \
+                | ({"drafted": drafted, "accepted": accepted} if spec else {})
             self.write("decode", t, worker=worker, active=active, calls=n, steps=steps, tokens=tokens,
                        prefill_tokens=prefill, s=round(seconds, 6), **extra)
 

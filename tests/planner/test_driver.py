@@ -58,7 +58,7 @@ def test_a_decision_is_applied_in_the_documented_order_moves_drops_tail_batch_th
 
 @pytest.mark.parametrize("field", ["critical", "migrate"])
 @pytest.mark.parametrize(("held", "word"), [(None, "unknown"), (GroupState.CANDIDATE, "a candidate"),
-                                           (GroupState.DONE, "done"), (GroupState.LOST, "lost")])
+                                           (GroupState.TRAINED, "trained"), (GroupState.LOST, "lost")])
 def test_a_critical_mark_or_a_migration_must_name_a_running_group(field, held, word):
     host = Host(u7=held, u8=GroupState.RUNNING)
     with pytest.raises(ValueError, match=f"named uid 7 in {field} in on_tokens: it is {word}, not a running group"):
@@ -126,3 +126,12 @@ def test_a_batch_must_name_distinct_done_groups(batch, message):
 @pytest.mark.parametrize("cls", [Simulator, AdversarialDriver, ScriptedDriver])
 def test_every_planner_driver_is_a_decision_host(cls):
     assert issubclass(cls, DecisionHost)
+
+
+@pytest.mark.parametrize("field", ["critical", "migrate"])
+def test_a_critical_mark_or_a_migration_of_a_group_done_meanwhile_is_skipped(field):
+    # The policy heard of one finish of several that ended together; the others are done here.
+    host = Host(u7=GroupState.DONE, u8=GroupState.RUNNING, u9=GroupState.DONE)
+    apply_decision(host, Decision(**{field: [7, 8]}), call="on_group_finished", policy="p")
+    apply_decision(host, Decision(**{field: [9]}), call="on_group_finished", policy="p")
+    assert host.log == [(field, [8])]  # the done ones dropped; a list left empty calls no hook

@@ -19,6 +19,11 @@
    act between calls, so they wait up to k - 1 decode steps longer than with k = 1; version
    tags stay exact, since weights only change between calls.
 
+With `engine.speculation.when` always (or critical: the requests `mark_critical` names) and at
+most `max_active` slots active, step 3 is instead one call of up to k draft-and-verify passes
+(speculative.py: exact speculative sampling, n-gram or self-draft), taken when some slot has a
+draft; the host part is `_drafts` / `_speculative_step`, the rest of the core is unchanged.
+
 The decode step attends over cache positions [0, L) only, L the smallest bucket (the prefill
 buckets: min_bucket * 2**i) above every active slot's position after the call, when L is at
 most the backend's cut-off (`LIVE_BUCKET_LIMITS`: max_len / 4 on CPU, 1,024 on GPU), else
@@ -63,7 +68,7 @@ import collections
 import dataclasses
 import functools
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 import jax
@@ -71,11 +76,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jaxrl_async.engines.jax import layout, migration
+from jaxrl_async.engines.jax import layout, migration, speculative
 from jaxrl_async.engines.base import (GenerationRequest, RequestLimits, SampleOutput, SamplingParams,
                                       check_new_request_id)
 from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
 from jaxrl_async.engines.jax.weights import accept_params
+from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.config import DTYPES, ModelConfig
 from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
@@ -87,7 +93,7 @@ SyncMode = Literal["partial", "drain"]
 COMPILE_COUNTS: collections.Counter[str] = collections.Counter()
 _BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"  # jax.monitoring event
 _STEPS = ("engine_prefill", "engine_copy_prefix", "engine_decode_steps", "engine_prefill_paged", "engine_copy_page",
-          "engine_read_pages", "engine_write_pages")
+          "engine_read_pages", "engine_write_pages", "engine_speculate_rounds")
 
 
 def _count_compile(event: str, duration_s: float, **kwargs) -> None:
@@ -149,6 +155,8 @@ class EngineConfig:
       kv_pages: total KV pages when page_size > 0; None: num_slots * max_len / page_size (the
         positions the contiguous cache holds). At least max_len / page_size, so that one
         sequence of max_len always fits (the rule that guarantees progress).
+      speculation: `engine.speculation.*` (engines/speculation.py): exact speculative decoding
+        (speculative.py) while at most `max_active` slots are active; contiguous cache only.
 
     `EngineCore` does not read the last three: the caller builds one mesh per replica from them
     and passes it (`EngineCore(..., mesh=)`).
@@ -169,6 +177,7 @@ class EngineConfig:
     colocate: bool = True
     page_size: int = 0
     kv_pages: int | None = None
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
 
     def __post_init__(self) -> None:
         p = "EngineConfig"
@@ -193,6 +202,9 @@ class EngineConfig:
             check(isinstance(self.kv_pages, int) and not isinstance(self.kv_pages, bool) and self.kv_pages >= least,
                   "engine.kv_pages", self.kv_pages,
                   f"must be an int >= max_len / page_size = {least} (one sequence of max_len must fit)")
+
+        check(self.page_size == 0 or not self.speculation.enabled, "engine.speculation.when", self.speculation.when,
+              "needs engine.page_size=0 (the paged engine does not speculate)")
 
     @property
     def kv_tokens(self) -> int:
@@ -305,6 +317,14 @@ class EngineCore:
         self._seeds = np.random.default_rng(config.seed)
         # The backend the steps run on: it picks the live-bucket cut-off (LIVE_BUCKET_LIMITS).
         self.platform = (mesh.devices.flat[0] if mesh is not None else device).platform
+        # Speculative decoding (speculative.py): the n-gram draft reads each sample's prompt and
+        # tokens so far (kept only when it drafts); `when=critical` drafts the marked requests.
+        self._spec = config.speculation
+        self._draft_layers = (speculative.parse_draft_model(self._spec.draft_model, model_config.num_layers)
+                              if self._spec.enabled and self._spec.method == "draft" else 0)
+        self._history: dict[tuple[str, int], list[int]] = {}
+        self._critical: set[str] = set()
+        self._speculate_step_fn = None
 
     def _cache_maker(self, model_config: ModelConfig, config: EngineConfig):
         """A function of no arguments that makes the all-zero cache: `num_slots` rows of max_len."""
@@ -374,6 +394,7 @@ class EngineCore:
         queued = self._queue.remove(request_id)
         if queued is not None:
             del self._live[request_id], self._requests[request_id]
+            self._critical.discard(request_id)
             return [SampleOutput(request_id, i, [], [], [], "abort", True)
                     for i in range(queued.sampling.n)]
         outputs = []
@@ -390,6 +411,12 @@ class EngineCore:
     def attach(self, moved: Any) -> None:
         """Continue a `MovedRequest`'s samples here, ahead of the queue (migration.py)."""
         migration.attach(self, moved)
+
+    def mark_critical(self, request_id: str) -> None:
+        """With `speculation.when=critical`, the request's unfinished samples draft from now on;
+        an unknown or finished id is ignored (engines/base.py's contract)."""
+        if request_id in self._live:
+            self._critical.add(request_id)
 
     def check_params(self, params: Any) -> dict:
         """Validate new weights against the engine's (ValueError naming the leaf) and copy them
@@ -432,7 +459,8 @@ class EngineCore:
             self._admit(self._queue.pop_admissible(len(self._free_slots())))
         if not self.active_slots:
             return []
-        return self._decode_step()
+        speculating = self._drafts()
+        return self._decode_step() if speculating is None else self._speculative_step(speculating)
 
     def _admit(self, requests: list[GenerationRequest]) -> None:
         """Give each request its `n` slots, prefill the prompts (packed), copy shared prefixes."""
@@ -446,6 +474,8 @@ class EngineCore:
                 to_prefill.append((prompt[:-1], slots))
             for i, slot in enumerate(slots):
                 self._place(slot, new_sequence(request, i), sp)
+                if self._spec.enabled and self._spec.method == "ngram":
+                    self._history[(request.request_id, i)] = list(prompt)
         for pack in self._packs([prefix for prefix, _ in to_prefill]):
             self._prefill_pack([to_prefill[i] for i in pack])
         for prefix, slots in to_prefill:
@@ -501,14 +531,65 @@ class EngineCore:
         self.counters["decode_calls"] += 1
         self.counters["decode_steps"] += int(steps)
         self.counters["tokens"] += int(count.sum())
+        return self._emit(tokens, logprobs, count)
+
+    def _drafts(self) -> np.ndarray | None:
+        """The slots that draft in the next call [S] bool, or None for a plain decode call:
+        speculation off, more than `max_active` active slots, or no slot with a draft now."""
+        spec = self._spec
+        if not spec.enabled or self.active_slots > spec.max_active:
+            return None
+        speculating, any_draft = np.zeros(self.config.num_slots, bool), False
+        for slot, seq in enumerate(self._slots):
+            if seq is None or (spec.when == "critical" and seq.request_id not in self._critical):
+                continue
+            speculating[slot] = True
+            if self._arrays.remaining[slot] > 1 and not any_draft:  # one token left: nothing to draft
+                any_draft = bool(self._draft_layers) or bool(speculative.ngram_draft(
+                    self._history.get((seq.request_id, seq.sample_index), []), spec.ngram, 1))
+        return speculating if any_draft else None
+
+    def _speculative_step(self, speculating: np.ndarray) -> list[SampleOutput]:
+        """One call of up to `decode_steps_per_call` draft-and-verify passes (speculative.py)."""
+        a, k, rounds = self._arrays, self._spec.tokens, self.config.decode_steps_per_call
+        if self._speculate_step_fn is None:  # jitted per core: the cache keeps its layout
+            cache_layout = jax.tree.map(lambda x: x.sharding, self._cache)
+            self._speculate_step_fn = jax.jit(speculative.engine_speculate_rounds, static_argnums=(0, 1, 2, 3, 4, 5),
+                                              donate_argnums=(7,), out_shardings=(cache_layout, *[None] * 6))
+        history = np.zeros((self.config.num_slots, self.config.max_len if not self._draft_layers else 1), np.int32)
+        hist_len = np.zeros(self.config.num_slots, np.int32)
+        for slot, seq in enumerate(self._slots):
+            text = None if seq is None else self._history.get((seq.request_id, seq.sample_index))
+            if text:
+                history[slot, :len(text)], hist_len[slot] = text, len(text)
+        active = a.remaining > 0
+        need = int(np.max(a.positions + np.minimum(a.remaining, rounds * (k + 1)) + k, where=active, initial=1))
+        self._cache, tokens, logprobs, count, drafted, accepted, passes = self._speculate_step_fn(
+            self.model_config, self._decode_length(need), k, self._draft_layers, rounds, self._spec.ngram,
+            self._weights, self._cache, a.tokens, a.positions, history, hist_len, speculating, a.seeds,
+            a.sample_index, a.token_index, a.temperature, a.top_p, a.top_k, a.remaining, a.stop_table())
+        tokens, logprobs, count = np.asarray(tokens), np.asarray(logprobs), np.asarray(count)
+        self.counters["decode_calls"] += 1
+        self.counters["decode_steps"] += int(passes)  # verify passes: one forward of the policy each
+        self.counters["tokens"] += int(count.sum())
+        self.counters["drafted"] += int(np.asarray(drafted).sum())
+        self.counters["accepted"] += int(np.asarray(accepted).sum())
+        return self._emit(tokens, logprobs, count)
+
+    def _emit(self, tokens: np.ndarray, logprobs: np.ndarray, count: np.ndarray) -> list[SampleOutput]:
+        """Append each slot's `count` new tokens, finish and stream samples as count one-step
+        iterations would, and set the next step's inputs."""
         outputs = []
         a, every = self._arrays, self.config.stream_every
         for slot, seq in enumerate(self._slots):
             if seq is None:
                 continue
             reason = None
+            history = self._history.get((seq.request_id, seq.sample_index))
             for j in range(count[slot]):  # as count[slot] one-step iterations would
                 reason = seq.append(int(tokens[slot, j]), float(logprobs[slot, j]), self.version)
+                if history is not None:
+                    history.append(int(tokens[slot, j]))
                 if reason is not None:
                     break
                 if every and len(seq.pending_tokens) >= every:
@@ -529,8 +610,10 @@ class EngineCore:
     def _close(self, seq: SlotSequence, reason) -> SampleOutput:
         """The sample's last piece; its request is forgotten with its last sample."""
         self._live[seq.request_id] -= 1
+        self._history.pop((seq.request_id, seq.sample_index), None)
         if not self._live[seq.request_id]:
             del self._live[seq.request_id], self._requests[seq.request_id]
+            self._critical.discard(seq.request_id)
         return seq.flush(reason)
 
     def warmup(self) -> None:

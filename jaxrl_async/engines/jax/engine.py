@@ -105,6 +105,10 @@ class JaxEngine(GenerationEngine):
         self._live[moved.request_id] = len(moved.samples)
         self._send("attach", moved)
 
+    async def mark_critical(self, request_id: str) -> None:
+        if request_id in self._live:
+            self._send("critical", request_id)
+
     async def update_weights(self, params: Any, version: int) -> None:
         self._raise_if_failed()
         # Checked and copied in the caller, before anything else is awaited: commands reach the
@@ -204,17 +208,19 @@ class JaxEngine(GenerationEngine):
         except BaseException as error:  # noqa: BLE001 - handed to the loop, re-raised there
             self._loop.call_soon_threadsafe(self._fail, error)
 
-    def _work(self) -> tuple[int, int, int, int]:
+    def _work(self) -> tuple[int, ...]:
         c = self.core.counters
-        return c["decode_steps"], c["tokens"], c["prefill_tokens"], sum(COMPILE_COUNTS.values())
+        return (c["decode_steps"], c["tokens"], c["prefill_tokens"], sum(COMPILE_COUNTS.values()), c["drafted"],
+                c["accepted"])
 
-    def _time_step(self, t: float, seconds: float, version: int, before: tuple[int, int, int, int]) -> None:
+    def _time_step(self, t: float, seconds: float, version: int, before: tuple[int, ...]) -> None:
         """Worker thread: the iteration's timing, and a drain-mode swap it made (at its start)."""
         if self.core.version != version:
             self._timings.append(EngineTiming("load", 0, t, 0.0, version=self.core.version))
-        steps, tokens, prefill, compiles = (a - b for a, b in zip(self._work(), before))
+        steps, tokens, prefill, compiles, drafted, accepted = (a - b for a, b in zip(self._work(), before))
         if steps or prefill:
-            self._timings.append(EngineTiming("decode", 0, t, seconds, steps, tokens, prefill, compiled=compiles > 0))
+            self._timings.append(EngineTiming("decode", 0, t, seconds, steps, tokens, prefill, compiled=compiles > 0,
+                                              drafted=drafted, accepted=accepted))
 
     def _apply(self, commands: list[tuple[str, Any]]) -> list[SampleOutput]:
         outputs: list[SampleOutput] = []
@@ -231,6 +237,8 @@ class JaxEngine(GenerationEngine):
                 outputs = []
             elif kind == "attach":
                 self.core.attach(payload)
+            elif kind == "critical":
+                self.core.mark_critical(payload)
             else:
                 state, version, done = payload
                 try:

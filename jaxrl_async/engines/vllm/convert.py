@@ -3,7 +3,8 @@
 `engines/vllm/engine.py` needs vLLM to run, and its tests skip without it (CI runs them in the
 vLLM job only). What it computes from plain values lives here instead, importing nothing of
 vLLM: the sampling settings of one vLLM request, how a vLLM finish reason ends (or continues) a
-sample, and vLLM's weight-version spans as the contract's run-length versions.
+sample, vLLM's weight-version spans as the contract's run-length versions, and
+`engine.speculation.*` as vLLM's `speculative_config`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from jaxrl_async.engines.speculation import SpeculationConfig
+from planner.configs import check
 from planner.versions import append_run
 
 FINISH_REASONS = ("stop", "length", "abort")  # the contract's (engines/base.py FinishReason)
@@ -64,4 +67,41 @@ def versions_from_spans(spans: Iterable[Any] | None, count: int) -> list[list[in
     covered = sum(n for _, n in out)
     if covered != count:
         raise RuntimeError(f"vLLM version spans cover {covered} tokens, the sample has {count}")
+    return out
+
+
+def speculative_config(spec: SpeculationConfig, max_num_seqs: int) -> dict[str, Any] | None:
+    """vLLM's `speculative_config` engine argument for `engine.speculation.*` (None: no speculation).
+
+    vLLM speculates with one config for every request in a batch, verifying by rejection sampling
+    (`rejection_sample_method="standard"`), so the emitted tokens and their raw log-probs stay the
+    target model's. What maps, and what cannot:
+    - `when=always` speculates; `max_active` becomes vLLM's batch-size schedule
+      (`num_speculative_tokens_per_batch_size`): `tokens` drafts while at most `max_active`
+      requests are scheduled in a step, none above (the compute-bound regime). With
+      `max_active >= max_num_seqs` every step speculates and no schedule is passed.
+    - `when=critical` is refused: vLLM has no per-request switch, so the planner's
+      `Decision.critical` cannot reach it (engine=jax implements it).
+    - `method=ngram`: vLLM's prompt lookup with a window of exactly `ngram` tokens
+      (`prompt_lookup_min = prompt_lookup_max = ngram`), like engine=jax's n-gram draft.
+    - `method=draft`: `draft_model` is the draft's HF directory (or hub name) that vLLM loads as
+      `method="draft_model"`; `layers:N` (the policy's own first layers) is engine=jax's only.
+    """
+    if not spec.enabled:
+        return None
+    p = "engine.speculation"
+    check(spec.when != "critical", f"{p}.when", spec.when,
+          "vLLM cannot speculate per request (one speculative_config for every request); "
+          f"use {p}.when=always (gated by {p}.max_active) or engine=jax")
+    out: dict[str, Any] = {"num_speculative_tokens": spec.tokens, "rejection_sample_method": "standard"}
+    if spec.method == "ngram":
+        out.update(method="ngram", prompt_lookup_min=spec.ngram, prompt_lookup_max=spec.ngram)
+    else:
+        check(not spec.draft_model.startswith("layers:"), f"{p}.draft_model", spec.draft_model,
+              "layers:N (the policy's own first layers) is engine=jax's only; "
+              "engine=vllm needs a draft model's HF directory")
+        out.update(method="draft_model", model=spec.draft_model)
+    if spec.max_active < max_num_seqs:
+        out["num_speculative_tokens_per_batch_size"] = [
+            (1, spec.max_active, spec.tokens), (spec.max_active + 1, max_num_seqs, 0)]
     return out

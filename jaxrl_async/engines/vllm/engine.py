@@ -43,7 +43,9 @@ from typing import Any, ClassVar
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       RequestLimits, SampleOutput, check_new_request_id, read_outputs)
 from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api
-from jaxrl_async.engines.vllm.convert import piece_finish, sampling_kwargs, versions_from_spans, vllm_priority
+from jaxrl_async.engines.speculation import SpeculationConfig
+from jaxrl_async.engines.vllm.convert import (piece_finish, sampling_kwargs, speculative_config, versions_from_spans,
+                                              vllm_priority)
 from jaxrl_async.engines.vllm.weights import WeightChecker, to_torch
 from jaxrl_async.engines.vllm.worker import WeightReceiver
 from jaxrl_async.transports import TRANSPORTS, check_transport_options, make_transport
@@ -73,6 +75,8 @@ class VllmEngineConfig:
       tensor_parallel_size: GPUs per engine.
       enforce_eager: skip CUDA graphs / torch.compile (start-up in seconds, slower decode).
       seed: vLLM's global seed.
+      speculation: `engine.speculation.*`, mapped onto vLLM's `speculative_config`
+        (convert.speculative_config: when=always only; max_active -> vLLM's batch-size schedule).
       engine_args: any other `AsyncEngineArgs` field, passed through.
     """
 
@@ -90,6 +94,7 @@ class VllmEngineConfig:
     tensor_parallel_size: int = 1
     enforce_eager: bool = True
     seed: int = 0
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     engine_args: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -98,6 +103,10 @@ class VllmEngineConfig:
         check_transport_options(self.transport, self.transport_options)
         for name in ("max_num_seqs", "max_model_len", "tensor_parallel_size"):
             check(getattr(self, name) >= 1, f"engine.{name}", getattr(self, name), "must be >= 1")
+        # Refused here, at start-up, not when vLLM starts: when=critical, draft_model=layers:N.
+        spec = speculative_config(self.speculation, self.max_num_seqs)
+        check(spec is None or "speculative_config" not in self.engine_args, "engine.engine_args.speculative_config",
+              self.engine_args.get("speculative_config"), "set engine.speculation.* or this, not both")
 
 
 @dataclass
@@ -165,6 +174,9 @@ class VllmEngine(GenerationEngine):
             tensor_parallel_size=c.tensor_parallel_size,
             worker_extension_cls=WORKER_EXTENSION,
             **self.transport.engine_args(), **c.engine_args)
+        spec = speculative_config(c.speculation, c.max_num_seqs)
+        if spec is not None:  # else vLLM's default (none), or what engine_args set
+            args["speculative_config"] = spec
         self._llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
         await self._llm.update_weight_version(str(self._version))
         await self.transport.setup(self._llm)

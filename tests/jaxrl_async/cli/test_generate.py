@@ -59,6 +59,18 @@ def test_engine_keys_reach_the_engine_and_a_paged_cache_generates_the_same_token
     assert code == 1 and "engine.page_size=-2: must be an int >= 0" in err
 
 
+def test_speculation_keys_reach_the_engine_and_greedy_speculation_generates_the_same_tokens(capsys):
+    args = ("prompt=hello there", "max_new_tokens=9", "temperature=0", "output=json")
+    _, out, _ = run_main(capsys, *args)
+    code, spec, err = run_main(capsys, *args, "engine.speculation.when=always", "engine.speculation.method=draft",
+                               "engine.speculation.draft_model=layers:1", "engine.speculation.tokens=3")
+    assert code == 0 and "error" not in err
+    assert json.loads(spec)["token_ids"] == json.loads(out)["token_ids"]
+    np.testing.assert_allclose(json.loads(spec)["logprobs"], json.loads(out)["logprobs"], atol=1e-5)
+    code, _, err = run_main(capsys, *args, "engine.speculation.when=sometimes")
+    assert code == 1 and "engine.speculation.when='sometimes': must be one of never, critical, always" in err
+
+
 @pytest.mark.parametrize("args, message", [
     (["model=nope"], "model=nope: unknown option (options: smollm2_135m, tiny)"),
     (["max_new_token=2"], "max_new_token: unknown key (did you mean max_new_tokens?)"),

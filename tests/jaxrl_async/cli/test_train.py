@@ -118,6 +118,17 @@ def test_bad_group_values_are_one_line_errors(override, message):
     assert "\n" not in str(info.value)
 
 
+@pytest.mark.parametrize("overrides, message", [
+    (["engine.speculation.when=critical"], r"^engine\.speculation\.when='critical': vLLM cannot speculate per request"),
+    (["engine.speculation.when=always", "engine.speculation.method=draft", "engine.speculation.draft_model=layers:2"],
+     r"^engine\.speculation\.draft_model='layers:2': layers:N .* is engine=jax's only"),
+])
+def test_speculation_vllm_cannot_do_is_one_line_before_anything_starts(overrides, message):
+    with pytest.raises(ValueError, match=message) as info:
+        typed_config(compose_train(["engine=vllm", *overrides]))
+    assert "\n" not in str(info.value)
+
+
 @pytest.mark.parametrize("choices", [(), ("engine=vllm", "cluster=ray", "task=gsm8k"), ("task=custom", "cluster=slurm")])
 def test_train_help_documents_every_key_fast_and_without_jax(choices):
     text, seconds = help_of(*choices)

@@ -15,6 +15,7 @@ from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.engines.migration import MovedRequest, MovedSample
 from jaxrl_async.engines.replicated import ReplicatedEngine
+from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from tests.helpers.engines import assert_same_samples, collect, mesh_of, params_of
@@ -253,3 +254,26 @@ def test_a_move_and_a_weight_push_exclude_each_other_so_a_samples_versions_never
     during_push, push_waited, moved, attached = asyncio.run(main())
     assert during_push is None and push_waited and moved == (0, 1)  # the same move, once no push runs
     assert [m.request_id for m in attached] == ["a"]
+
+
+def test_mark_critical_reaches_the_owning_replica_whose_timings_count_the_drafts(models):
+    spec = SpeculationConfig(when="critical", method="draft", draft_model="layers:1", tokens=3)
+    requests = [GenerationRequest(rid, [1, 2, 3], SamplingParams(12, temperature=0.0)) for rid in ("a", "b")]
+
+    async def main():
+        engine = ReplicatedEngine([JaxEngine(models[0], CFG, EngineConfig(**ENGINE, speculation=spec),
+                                             mesh=mesh_of([d])) for d in jax.devices()[:2]])
+        for r in requests:
+            await engine.submit(r)
+        await engine.mark_critical("b")
+        await engine.mark_critical("unknown")  # ignored
+        await engine.start()
+        got = await collect(engine, expect_done=2)
+        await engine.stop()
+        return got, engine.timings()
+
+    got, timings = asyncio.run(main())
+    drafted = {w: sum(t.drafted for t in timings if t.worker == w) for w in (0, 1)}
+    assert drafted[1] > 0 and drafted[0] == 0  # "b" went to replica 1 (least loaded), "a" to 0
+    assert sum(t.accepted for t in timings) <= drafted[1]
+    assert got[("a", 0)].token_ids == got[("b", 0)].token_ids  # greedy: speculation changes no token

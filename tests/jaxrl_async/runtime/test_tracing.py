@@ -68,6 +68,15 @@ def test_engine_iterations_inside_a_steps_window_are_marked_train_and_loads_date
     assert not lines(tmp_path, t)[-1].get("train")  # the windows were drained with the first timings
 
 
+def test_an_engines_drafted_and_accepted_tokens_reach_the_trace(tmp_path):
+    t, clock = tracer(tmp_path)
+    clock.t = 5.0
+    t.engine([EngineTiming("decode", 0, t=101.0, seconds=1.0, steps=4, tokens=11, drafted=12, accepted=3)],
+             run_s=lambda mono: mono - 100.0)
+    decode = [e for e in lines(tmp_path, t) if e["event"] == "decode"]
+    assert [(e["active"], e["drafted"], e["accepted"]) for e in decode] == [(2, 12, 3)]
+
+
 def test_without_a_trace_nothing_is_written_and_the_steps_windows_do_not_pile_up(tmp_path):
     clock = Clock()
     t = RunTracer(None, clock)

@@ -469,7 +469,7 @@ def test_the_cli_json_is_one_object_holding_every_report_field_and_the_verdict(t
     verdict = report.pop("verdict")
     assert report == {
         "max_staleness": 1, "max_length_bias": None, "steps": 2, "groups_admitted": 3, "groups_trained": 2,
-        "groups_dropped": 1, "readmissions": 0, "moves": 0, "tokens_trained": 20, "tokens_wasted": 5,
+        "groups_dropped": 1, "readmissions": 0, "moves": 0, "migrations": 0, "tokens_trained": 20, "tokens_wasted": 5,
         "max_token_staleness": 1, "mean_token_staleness": 0.2, "staleness_histogram": {"0": 16, "1": 4},
         "violations": 0, "lost": [], "trained_twice": [], "errors": [], "drops_by_reason": {"stale": 1},
         "length_bias": {"ks": pytest.approx(1 / 3), "mean_length_ratio": pytest.approx(10 / (25 / 3))}, "ok": True}
@@ -529,3 +529,56 @@ def test_the_cli_help_names_the_command_and_says_what_each_option_does(capsys):
                  "exceeds this",
                  "--json print the full report as JSON"]:
         assert said in text, said
+
+
+# ---------------------------------------------------------------- migrate lines (docs/design.md §2.14)
+
+
+def migrate(uid, versions, src=0, dst=1):
+    return {"event": "migrate", "uid": uid, "from": src, "to": dst, "versions": [list(v) for v in versions]}
+
+
+def test_a_migration_that_keeps_its_prefix_passes(tmp_path):
+    report = audit(write_ledger(tmp_path, admit(0), admit(1), migrate(0, [(0, 3)]), train(0, {1: [(0, 1)]}),
+                                migrate(0, [(0, 3), (1, 2)], 1, 2), train(1, {0: [(0, 3), (1, 5)]})), 1)
+    assert report.ok, report.verdict()
+    assert report.migrations == 2
+
+
+def test_a_migration_of_a_group_that_is_not_open_fails(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), migrate(7, [(0, 3)]), train(0, {0: [(0, 4)]}))),
+               "uid 7 migrated but not open (never admitted)")
+    trained_first = tmp_path / "trained"
+    trained_first.mkdir()
+    only_error(audit(write_ledger(trained_first, admit(0), train(0, {0: [(0, 4)]}), migrate(0, [(0, 4)]))),
+               "uid 0 migrated but not open (trained)")
+
+
+def test_a_trained_group_missing_prefix_tokens_fails(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), migrate(0, [(0, 3)]), train(0, {0: [(0, 2)]}))),
+               "version 0: 2 < 3")
+
+
+def test_a_re_versioned_prefix_fails(tmp_path):
+    # Same token count, but the 3 prefix tokens of version 0 came back as version 1.
+    only_error(audit(write_ledger(tmp_path, admit(0), admit(1), migrate(0, [(0, 3)]), train(0, {1: [(0, 1)]}),
+                                  train(1, {0: [(1, 5)]}))),
+               "version 0: 0 < 3")
+
+
+def test_a_later_migration_that_lost_an_earlier_prefix_fails(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), migrate(0, [(0, 3)]), migrate(0, [(0, 1)], 1, 2),
+                                  train(0, {0: [(0, 3)]}))),
+               "migrated without the prefix its earlier migration moved")
+
+
+def test_a_dropped_group_with_fewer_tokens_than_its_migrated_prefix_fails(tmp_path):
+    only_error(audit(write_ledger(tmp_path, admit(0), migrate(0, [(0, 3)]), drop(0, tokens=2), admit(1),
+                                  train(0, {1: [(0, 1)]}))),
+               "dropped with 2 tokens, fewer than the 3")
+
+
+def test_a_regenerated_group_owes_nothing_to_its_earlier_migration(tmp_path):
+    # A re-admission (fault, regenerate) starts a new attempt: the old prefix may be discarded.
+    report = audit(write_ledger(tmp_path, admit(0), migrate(0, [(0, 3)]), admit(0, 0), train(0, {0: [(0, 2)]})), 1)
+    assert report.ok, report.verdict()

@@ -87,3 +87,16 @@ def test_a_replay_gets_each_finished_group_in_stream_order_with_its_last_attempt
         ("p0", (5, 6), 3), ("p1", (1, 2), 4)]
     with pytest.raises(ValueError, match=r"finished group 0: 'lengths' has 2 entries, group_size=3"):
         read_trace(path, group_size=3)
+
+
+def test_speculating_iterations_get_lines_of_their_own_with_drafted_and_accepted_at_their_plain_active_count(tmp_path):
+    w = TraceWriter(tmp_path / "trace.jsonl")
+    # two sequences, 4 steps each: plain (8 tokens), and speculating (16 drafted, 6 kept: 14 tokens)
+    w.decode(1.0, [(0, 0.4, 4, 8, 0, False, False), (0, 0.5, 4, 14, 0, False, False, 16, 6),
+                   (0, 0.1, 1, 2, 0, False, False, 0, 0)])
+    w.close()
+    lines = [e for e in read_run_trace(tmp_path / "trace.jsonl")]
+    plain = [e for e in lines if "drafted" not in e]
+    spec = [e for e in lines if "drafted" in e]
+    assert [(e["active"], e["calls"], e["steps"]) for e in plain] == [(2, 2, 5)]  # a plain one is unchanged
+    assert [(e["active"], e["tokens"], e["drafted"], e["accepted"]) for e in spec] == [(2, 14, 16, 6)]

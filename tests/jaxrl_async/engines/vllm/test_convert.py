@@ -1,6 +1,7 @@
 """The vLLM engine's pure conversions, run where vLLM is absent (engines/vllm/convert.py): the
 sampling settings of a vLLM request, how its finish reason ends or continues a sample, its
-priority, and vLLM's weight-version spans as run-length versions."""
+priority, vLLM's weight-version spans as run-length versions, and `engine.speculation.*` as
+vLLM's speculative_config."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from jaxrl_async.engines.base import SamplingParams
+from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.engines.vllm import convert
-from jaxrl_async.engines.vllm.convert import piece_finish, sampling_kwargs, versions_from_spans, vllm_priority
+from jaxrl_async.engines.vllm.convert import (piece_finish, sampling_kwargs, speculative_config, versions_from_spans,
+                                              vllm_priority)
 
 
 @dataclass(frozen=True)
@@ -81,3 +84,43 @@ def test_the_conversions_import_neither_vllm_nor_torch():
     imported = {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     imported |= {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     assert not imported & {"vllm", "torch", "jax"}, imported
+
+
+def test_speculation_never_passes_no_speculative_config():
+    assert speculative_config(SpeculationConfig(), 32) is None
+
+
+def test_ngram_speculation_maps_onto_vllms_prompt_lookup_with_a_batch_size_gate():
+    spec = SpeculationConfig(when="always", method="ngram", tokens=3, ngram=2, max_active=4)
+    assert speculative_config(spec, 32) == dict(
+        method="ngram", num_speculative_tokens=3, prompt_lookup_min=2, prompt_lookup_max=2,
+        rejection_sample_method="standard", num_speculative_tokens_per_batch_size=[(1, 4, 3), (5, 32, 0)])
+    # max_active covers every slot: every step speculates, no schedule is passed.
+    assert "num_speculative_tokens_per_batch_size" not in speculative_config(spec, 4)
+
+
+def test_a_draft_model_directory_becomes_vllms_draft_model():
+    spec = SpeculationConfig(when="always", method="draft", tokens=5, draft_model="/models/draft", max_active=64)
+    assert speculative_config(spec, 64) == dict(
+        method="draft_model", model="/models/draft", num_speculative_tokens=5, rejection_sample_method="standard")
+
+
+def test_vllm_refuses_per_request_speculation_and_the_policys_own_layers_in_one_line():
+    with pytest.raises(ValueError, match=r"^engine\.speculation\.when='critical': vLLM cannot speculate per "
+                                         r"request .*engine\.speculation\.when=always.*$") as error:
+        speculative_config(SpeculationConfig(when="critical"), 32)
+    assert "\n" not in str(error.value)
+    with pytest.raises(ValueError, match=r"^engine\.speculation\.draft_model='layers:1': layers:N .* is "
+                                         r"engine=jax's only; engine=vllm needs a draft model's HF directory$"):
+        speculative_config(SpeculationConfig(when="always", method="draft", draft_model="layers:1"), 32)
+
+
+def test_the_vllm_engine_config_refuses_unmappable_speculation_when_built_from_the_command_line():
+    from jaxrl_async.engines.registry import engine_config
+
+    assert engine_config("vllm", {"speculation": {"when": "always"}}).speculation.when == "always"
+    with pytest.raises(ValueError, match=r"^engine\.speculation\.when='critical': vLLM cannot"):
+        engine_config("vllm", {"speculation": {"when": "critical"}})
+    with pytest.raises(ValueError, match=r"^engine\.engine_args\.speculative_config=.*: set engine\.speculation\.\* "
+                                         r"or this, not both$"):
+        engine_config("vllm", {"speculation": {"when": "always"}, "engine_args": {"speculative_config": {}}})

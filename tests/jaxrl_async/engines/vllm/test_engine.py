@@ -63,7 +63,7 @@ def _teacher_forced(model, prompt: list[int], completion: list[int]) -> np.ndarr
 class _Harness:
     """One event loop + one started engine for the module; `run` drives a coroutine on it."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, **engine):
         from jaxrl_async.engines.vllm.engine import VllmEngineConfig, make_engine
         from jaxrl_async.models.loading import LoadedModel
 
@@ -71,7 +71,7 @@ class _Harness:
         self.models = {0: _model(0)}
         loaded = LoadedModel(_tiny_cfg(), self.models[0], None, None)
         config = VllmEngineConfig(model_dir=str(tmp / "model"), max_num_seqs=8, max_model_len=1024,
-                                  kv_cache_memory_bytes=64 << 20)
+                                  kv_cache_memory_bytes=64 << 20, **engine)
         self.engine = make_engine(config, loaded)
         self.run(self.engine.start())
         self.pieces: dict[tuple[str, int], list] = {}
