@@ -569,5 +569,5 @@ class Simulator:
         if self.spec_when != "never":
             out["speculation"] = {**dataclasses.asdict(self.cfg.workers.speculation), "groups_marked": self.marked}
         if self.migrations:
-            out["migrations"] = self.migrations
+            out["groups_migrated"] = self.migrations
         return out

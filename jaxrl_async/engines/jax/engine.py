@@ -47,6 +47,7 @@ class JaxEngine(GenerationEngine):
         self._out: asyncio.Queue = asyncio.Queue()
         self._live: dict[str, int] = {}  # loop thread: request id -> samples not yet done
         self._weight_waiters: list[tuple[int, asyncio.Future]] = []  # loop thread
+        self._detach_waiters: set[asyncio.Future] = set()  # loop thread: detaches not answered yet
         self._busy_s = 0.0
         self._started_at = 0.0
         self._error: BaseException | None = None  # set when the worker thread died
@@ -73,6 +74,7 @@ class JaxEngine(GenerationEngine):
             if not fut.done():
                 fut.set_exception(RuntimeError("JaxEngine stopped before the new weights were in use"))
         self._weight_waiters = []
+        self._fail_detaches(RuntimeError("JaxEngine stopped before a migration's detach was answered"))
         self._out.put_nowait(END_OF_OUTPUTS)
 
     async def submit(self, request: GenerationRequest) -> None:
@@ -94,8 +96,12 @@ class JaxEngine(GenerationEngine):
         if request_id not in self._live or not self.core.migratable:
             return None
         done = asyncio.get_running_loop().create_future()
+        self._detach_waiters.add(done)
         self._send("detach", (request_id, done))
-        return await done
+        try:
+            return await done
+        finally:
+            self._detach_waiters.discard(done)
 
     async def attach(self, moved: MovedRequest) -> None:
         """`Migratable.attach`: continue the moved samples here (ValueError at once for a request
@@ -171,7 +177,8 @@ class JaxEngine(GenerationEngine):
             self._live[moved.request_id] -= len(moved.samples)
             if not self._live[moved.request_id]:
                 del self._live[moved.request_id]
-        done.set_result(moved)
+        if not done.done():
+            done.set_result(moved)
 
     def _fail(self, error: BaseException) -> None:
         """Loop thread: the worker died; every waiter and the output stream get the error."""
@@ -180,7 +187,15 @@ class JaxEngine(GenerationEngine):
             if not fut.done():
                 fut.set_exception(error)
         self._weight_waiters = []
+        self._fail_detaches(error)
         self._out.put_nowait(error)
+
+    def _fail_detaches(self, error: BaseException) -> None:
+        """Loop thread: a detach the worker will never answer (it died, or stopped) gets `error`,
+        so a migration in flight ends instead of waiting forever."""
+        for fut in self._detach_waiters:
+            if not fut.done():
+                fut.set_exception(error)
 
     # ------------------------------------------------------------ worker thread
 

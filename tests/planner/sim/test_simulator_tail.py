@@ -66,7 +66,7 @@ def test_speculating_the_critical_groups_is_faster_and_keeps_the_bound(tmp_path)
     report = audit(run_dir, 1)
     assert report.ok, report.verdict()
     assert report.groups_dropped == 0 and report.max_token_staleness <= 1 and report.length_bias["ks"] == 0
-    assert "speculation" not in plain.summary and "migrations" not in plain.summary  # defaults: summaries as before
+    assert "speculation" not in plain.summary and "groups_migrated" not in plain.summary  # defaults: summaries as before
 
 
 def test_any_policy_can_use_the_speculative_engine_always(tmp_path):
@@ -83,7 +83,7 @@ def test_migrations_move_running_groups_with_their_prefix_and_the_audit_passes(t
     result, run_dir = simulate(tmp_path, sim, migrate=True)
     lines = [json.loads(x) for x in (run_dir / "ledger.jsonl").read_text().splitlines()]
     moved = [e for e in lines if e["event"] == "migrate"]
-    assert moved and result.summary["migrations"] == len(moved)
+    assert moved and result.summary["groups_migrated"] == len(moved)
     assert any(e["versions"] for e in moved), "some migrated group must carry a generated prefix"
     assert all(e["from"] != e["to"] for e in moved)
     report = audit(run_dir, 1)
@@ -96,7 +96,7 @@ def test_migrations_move_running_groups_with_their_prefix_and_the_audit_passes(t
 
 def test_a_migration_needs_a_strictly_less_loaded_worker(tmp_path):
     result, run_dir = simulate(tmp_path, {"workers": {"num_workers": 1}}, migrate=True)
-    assert "migrations" not in result.summary
+    assert "groups_migrated" not in result.summary
     assert audit(run_dir, 1).ok
 
 

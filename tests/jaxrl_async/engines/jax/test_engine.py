@@ -178,3 +178,17 @@ def test_stop_fails_a_pending_weight_update_instead_of_leaving_it_hanging(models
             await update
 
     asyncio.run(main())
+
+
+def test_a_detach_the_worker_never_answers_fails_instead_of_hanging_the_migration(models):
+    async def main():
+        engine = JaxEngine(models[0], CFG, EngineConfig(**ENGINE))  # never started: never answers
+        await engine.submit(GenerationRequest("r", [1, 2], SamplingParams(4)))
+        detach = asyncio.create_task(engine.detach("r"))
+        await asyncio.sleep(0)
+        assert not detach.done()  # it really waits on the worker
+        engine._fail(RuntimeError("worker died"))  # what the worker thread hands the loop when it dies
+        with pytest.raises(RuntimeError, match="worker died"):
+            await asyncio.wait_for(detach, 5)  # a hang is a TimeoutError: red
+
+    asyncio.run(main())
