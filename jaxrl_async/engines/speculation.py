@@ -40,12 +40,12 @@ When = Literal["never", "critical", "always"]
 
 @dataclass(frozen=True)
 class SpeculationConfig:
-    when: When = "never"
-    method: str = "ngram"
-    tokens: int = 4
-    draft_model: str | None = None
-    ngram: int = 2
-    max_active: int = 8
+    when: When = "never"  # never | critical (the sequences the planner marks) | always (any policy)
+    method: str = "ngram"  # ngram (prompt/n-gram lookup, no extra model) | draft (draft_model proposes)
+    tokens: int = 4  # k: tokens drafted per verification pass
+    draft_model: str | None = None  # method=draft: "layers:N" (the policy's own first N layers) or a model spec
+    ngram: int = 2  # method=ngram: length of the suffix looked up in the prompt and the tokens so far
+    max_active: int = 8  # speculate only while at most this many sequences are active (weight-bound regime)
 
     def __post_init__(self) -> None:
         p = "engine.speculation"
