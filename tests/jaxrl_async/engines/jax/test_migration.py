@@ -154,3 +154,24 @@ def test_a_paged_or_drain_core_declines_to_migrate(models):
         assert not core.migratable and core.detach("long") == (None, [])
         with pytest.raises(ValueError, match="cannot take migrated samples"):
             core.attach(MovedRequest(requests()[1], (MovedSample(0, ()),)))
+
+
+def test_a_greedy_sample_moved_between_speculating_cores_yields_plain_decodings_tokens(models):
+    # Greedy speculation equals plain decoding token for token, so a move between two n-gram
+    # speculating cores must too: the target rebuilds the moved sample's n-gram history from its
+    # prompt and prefix (a wrong history only changes drafts, a wrong prefix changes tokens).
+    from jaxrl_async.engines.speculation import SpeculationConfig
+
+    looping = [GenerationRequest("loop", [3, 1, 4, 3, 1, 4, 3, 1], SamplingParams(30, temperature=0.0))]
+    want = unmoved(models[0], looping)
+    spec = {"speculation": SpeculationConfig(when="always", tokens=3)}
+    source, target, pieces = core_of(models[0], **spec), core_of(models[0], **spec), Pieces()
+    source.submit(looping[0])
+    pieces.run(source, steps=2)
+    moved, flushed = source.detach("loop")
+    pieces.add(flushed)
+    assert 0 < moved.samples[0].next_token_index < 30  # moved mid-way: non-trivial
+    target.attach(moved)
+    pieces.run(target)
+    assert_same_samples(pieces.joined(), want)
+    assert target.counters["drafted"] > 0  # the target really speculated the moved sample
