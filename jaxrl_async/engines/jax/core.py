@@ -318,11 +318,10 @@ class EngineCore:
         # The backend the steps run on: it picks the live-bucket cut-off (LIVE_BUCKET_LIMITS).
         self.platform = (mesh.devices.flat[0] if mesh is not None else device).platform
         # Speculative decoding (speculative.py): the n-gram draft reads each sample's prompt and
-        # tokens so far (kept only when it drafts); `when=critical` drafts the marked requests.
+        # tokens so far (`_context`); `when=critical` drafts the marked requests.
         self._spec = config.speculation
         self._draft_layers = (speculative.parse_draft_model(self._spec.draft_model, model_config.num_layers)
                               if self._spec.enabled and self._spec.method == "draft" else 0)
-        self._history: dict[tuple[str, int], list[int]] = {}
         self._critical: set[str] = set()
         self._speculate_step_fn = None
 
@@ -474,8 +473,6 @@ class EngineCore:
                 to_prefill.append((prompt[:-1], slots))
             for i, slot in enumerate(slots):
                 self._place(slot, new_sequence(request, i), sp)
-                if self._spec.enabled and self._spec.method == "ngram":
-                    self._history[(request.request_id, i)] = list(prompt)
         for pack in self._packs([prefix for prefix, _ in to_prefill]):
             self._prefill_pack([to_prefill[i] for i in pack])
         for prefix, slots in to_prefill:
@@ -545,9 +542,13 @@ class EngineCore:
                 continue
             speculating[slot] = True
             if self._arrays.remaining[slot] > 1 and not any_draft:  # one token left: nothing to draft
-                any_draft = bool(self._draft_layers) or bool(speculative.ngram_draft(
-                    self._history.get((seq.request_id, seq.sample_index), []), spec.ngram, 1))
+                any_draft = bool(self._draft_layers) or bool(speculative.ngram_draft(self._context(seq), spec.ngram, 1))
         return speculating if any_draft else None
+
+    def _context(self, seq: SlotSequence) -> list[int]:
+        """What the n-gram draft looks in: the sample's prompt and every token it generated (a
+        migrated sample's prefix included)."""
+        return list(self._requests[seq.request_id].prompt_ids) + seq.token_ids
 
     def _speculative_step(self, speculating: np.ndarray) -> list[SampleOutput]:
         """One call of up to `decode_steps_per_call` draft-and-verify passes (speculative.py)."""
@@ -558,10 +559,11 @@ class EngineCore:
                                               donate_argnums=(7,), out_shardings=(cache_layout, *[None] * 6))
         history = np.zeros((self.config.num_slots, self.config.max_len if not self._draft_layers else 1), np.int32)
         hist_len = np.zeros(self.config.num_slots, np.int32)
-        for slot, seq in enumerate(self._slots):
-            text = None if seq is None else self._history.get((seq.request_id, seq.sample_index))
-            if text:
-                history[slot, :len(text)], hist_len[slot] = text, len(text)
+        if not self._draft_layers:  # the n-gram drafts on device from each slot's context
+            for slot, seq in enumerate(self._slots):
+                if seq is not None:
+                    text = self._context(seq)
+                    history[slot, :len(text)], hist_len[slot] = text, len(text)
         active = a.remaining > 0
         need = int(np.max(a.positions + np.minimum(a.remaining, rounds * (k + 1)) + k, where=active, initial=1))
         self._cache, tokens, logprobs, count, drafted, accepted, passes = self._speculate_step_fn(
@@ -585,11 +587,8 @@ class EngineCore:
             if seq is None:
                 continue
             reason = None
-            history = self._history.get((seq.request_id, seq.sample_index))
             for j in range(count[slot]):  # as count[slot] one-step iterations would
                 reason = seq.append(int(tokens[slot, j]), float(logprobs[slot, j]), self.version)
-                if history is not None:
-                    history.append(int(tokens[slot, j]))
                 if reason is not None:
                     break
                 if every and len(seq.pending_tokens) >= every:
@@ -610,7 +609,6 @@ class EngineCore:
     def _close(self, seq: SlotSequence, reason) -> SampleOutput:
         """The sample's last piece; its request is forgotten with its last sample."""
         self._live[seq.request_id] -= 1
-        self._history.pop((seq.request_id, seq.sample_index), None)
         if not self._live[seq.request_id]:
             del self._live[seq.request_id], self._requests[seq.request_id]
             self._critical.discard(seq.request_id)

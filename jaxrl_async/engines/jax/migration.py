@@ -16,8 +16,8 @@ arrive on another, generated prefix kept (engines/migration.py has the travellin
   in any engine).
 - Arrivals count as the request's live samples: `abort` ends them (once), `has_work` sees them.
 - Speculation (speculative.py): a moved request leaves its critical mark behind (the replicated
-  front marks it again on the target) and its n-gram history; an arrival's history is its prompt +
-  prefix again, so the draft reads what it would have read unmoved.
+  front marks it again on the target); the n-gram draft reads the arrival's prompt + prefix, what
+  it would have read unmoved.
 
 Every sample still ends with exactly one done piece: the source never sends one for a moved
 sample, the target sends it when the sample stops, reaches its length or is aborted.
@@ -62,8 +62,6 @@ def detach(core: EngineCore, request_id: str) -> tuple[MovedRequest | None, list
     assert len(samples) == core._live[request_id], (request_id, len(samples), core._live[request_id])
     del core._live[request_id], core._requests[request_id]
     core._critical.discard(request_id)  # the mark goes with the request (ReplicatedEngine re-marks it)
-    for s in samples:
-        core._history.pop((request_id, s.sample_index), None)
     core.counters["migrated_out"] += len(samples)
     return MovedRequest(request, tuple(sorted(samples, key=lambda s: s.sample_index))), outputs
 
@@ -110,8 +108,6 @@ def admit_arrivals(core: EngineCore) -> None:
         request = core._requests[seq.request_id]
         core._place(slot, seq, request.sampling)
         context = list(request.prompt_ids) + seq.token_ids
-        if core._spec.enabled and core._spec.method == "ngram":  # the n-gram draft reads the context
-            core._history[(seq.request_id, seq.sample_index)] = list(context)
         if len(context) > 1:
             to_prefill.append((context[:-1], [slot]))
     for pack in core._packs([prefix for prefix, _ in to_prefill]):
