@@ -158,8 +158,8 @@ def test_a_paged_or_drain_core_declines_to_migrate(models):
 
 def test_a_greedy_sample_moved_between_speculating_cores_yields_plain_decodings_tokens(models):
     # Greedy speculation equals plain decoding token for token, so a move between two n-gram
-    # speculating cores must too: the target rebuilds the moved sample's n-gram history from its
-    # prompt and prefix (a wrong history only changes drafts, a wrong prefix changes tokens).
+    # speculating cores must too: the target's n-gram draft reads the moved sample's prompt and
+    # prefix (a wrong context only changes drafts, a wrong prefix changes tokens).
     from jaxrl_async.engines.speculation import SpeculationConfig
 
     looping = [GenerationRequest("loop", [3, 1, 4, 3, 1, 4, 3, 1], SamplingParams(30, temperature=0.0))]
