@@ -220,6 +220,8 @@ class EngineTiming:
       drafted: speculative decoding: tokens drafted in the iteration (0 without speculation).
       accepted: of those, the tokens the verification kept (accepted / drafted is the
         acceptance rate `planner.calibrate` fits).
+      speculating: sequences that drafted in the iteration (0 without speculation); summed
+        over a run it says whether speculation acted at all.
     """
 
     kind: Literal["decode", "load"]
@@ -233,6 +235,7 @@ class EngineTiming:
     compiled: bool = False
     drafted: int = 0
     accepted: int = 0
+    speculating: int = 0
 
 
 class GenerationEngine(abc.ABC):
