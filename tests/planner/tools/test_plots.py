@@ -127,16 +127,18 @@ def record(step, loss=0.5, **extra):
             "mean_staleness_in_batch": 0.5} | extra
 
 
-def test_a_skipped_steps_null_loss_is_a_gap_and_the_last_evaluation_comes_from_the_summary():
-    rows = [record(0, **{"eval/pass_at_1": 0.0, "eval/mean_reward": 0.1, "eval/version": 0, "eval/n": 4}),
-            record(1, loss=None), record(2)]
+def test_an_evaluation_is_drawn_at_its_weights_steps_a_null_loss_as_a_gap_and_the_last_one_from_the_summary():
+    # The base model's evaluation finished during step 1: it is drawn at x = 0, its weights' steps.
+    rows = [record(0), record(1, loss=None, **{"eval/pass_at_1": 0.0, "eval/mean_reward": 0.1, "eval/version": 0,
+                                               "eval/n": 4}), record(2)]
     summary = {"max_staleness": 2, "eval": {"eval/pass_at_1": 0.5, "eval/mean_reward": 0.6, "eval/version": 3,
                                             "eval/n": 4}}
     series = training_series(rows, summary)
     assert [x for x, _ in series["loss"]] == [0, 1, 2] and math.isnan(series["loss"][1][1])
     assert series["eval_pass_at_1"] == [(0, 0.0), (3, 0.5)]  # the last one finished after the last record
     assert series["eval_mean_reward"] == [(0, 0.1), (3, 0.6)] and series["eval_prompts"] == 4
-    assert series["eta"] == 2
-    panels = _panels(training_figure(training_series(rows[1:], {"max_staleness": None})))
+    assert series["max_staleness"] == [(0, 1.0), (1, 1.0), (2, 1.0)] and series["eta"] == 2
+    assert series["mean_staleness"] == [(0, 0.5), (1, 0.5), (2, 0.5)]
+    panels = _panels(training_figure(training_series([rows[0], rows[2]], {"max_staleness": None})))
     assert panels["held-out score"] == {}  # no evaluation: the panel says so in words, no empty line
     assert not any(label.startswith("η") for label in panels["staleness (steps)"])  # unbounded: no bound line
