@@ -16,8 +16,9 @@ and takes the publish → load lag (median over every push and worker), the load
 (mean), the engine's workers, slots and KV tokens and its sync mode from the trace, and sets
 `trainer.wait_sync` (the runtime pushes weights before it selects the next batch). It prints the
 fit with its residuals, a warning for every fit that rests on too few lines (no more lines than
-coefficients: nothing checks the coefficients), and the replay command, and writes
-`RUN_DIR/calibration.yaml`:
+coefficients: nothing checks the coefficients) or explains less than half of its lines' spread
+(R² < `R2_WARN`: the replay keeps the run's total, not how time varies with the load), and the
+replay command, and writes `RUN_DIR/calibration.yaml`:
 
     sim:  {workers: {...}, trainer: {...}, admission_window: ...}   SimConfig keys
     fit:  per model: lines used, lines left out, RMS residual, R²; warnings   (read by people)
