@@ -188,7 +188,7 @@ def training_series(steps: Sequence[Mapping[str, Any]], summary: Mapping[str, An
 
 def training_figure(series: Mapping[str, Any], title: str = "") -> Any:
     """The figure of `training_series`: four panels over the trainer step — reward, loss, held-out
-    evaluation, staleness of the batch (max and mean, η dashed). Returned open, for the caller to
+    evaluation, staleness of the batch (max and mean, η dotted). Returned open, for the caller to
     save (`training_curves`) or to read back."""
     fig, axes = plt.subplots(2, 2, figsize=(9, 5.6), sharex=True)
     (reward, loss), (held_out, staleness) = axes

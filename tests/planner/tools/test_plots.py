@@ -85,9 +85,13 @@ EVAL_RUN = ["steps=6", "batch_groups=2", "group_size=4", "max_new_tokens=6", "ev
 
 
 def _panels(fig):
-    """A figure's axes by their y label, each as {line label: (xs, ys)}."""
-    return {ax.get_ylabel(): {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
-                              for line in ax.get_lines()} for ax in fig.axes}
+    """A figure's axes by their y label, each as {line label: (xs, ys)}; closes the figure."""
+    import matplotlib.pyplot as plt
+
+    panels = {ax.get_ylabel(): {line.get_label(): (list(line.get_xdata()), list(line.get_ydata()))
+                                for line in ax.get_lines()} for ax in fig.axes}
+    plt.close(fig)
+    return panels
 
 
 @pytest.mark.slow
