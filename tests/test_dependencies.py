@@ -63,6 +63,7 @@ USED_WITHOUT_IMPORT = {
     "pytest-xdist": "pytest loads it for `-n 2` (the README's test command)",
     "hydra-submitit-launcher": "Hydra loads it for hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml)",
     "mutmut": "benchmarks/mutation.sh runs its command line (the `mutation` extra; not in CI)",
+    "tensorboard": "its command reads a run's tensorboardX events (README: tensorboard --logdir RUN_DIR)",
 }
 
 

@@ -16,8 +16,9 @@ and takes the publish → load lag (median over every push and worker), the load
 (mean), the engine's workers, slots and KV tokens and its sync mode from the trace, and sets
 `trainer.wait_sync` (the runtime pushes weights before it selects the next batch). It prints the
 fit with its residuals, a warning for every fit that rests on too few lines (no more lines than
-coefficients: nothing checks the coefficients), and the replay command, and writes
-`RUN_DIR/calibration.yaml`:
+coefficients: nothing checks the coefficients) or explains less than half of its lines' spread
+(R² < `R2_WARN`: the replay keeps the run's total, not how time varies with the load), and the
+replay command, and writes `RUN_DIR/calibration.yaml`:
 
     sim:  {workers: {...}, trainer: {...}, admission_window: ...}   SimConfig keys
     fit:  per model: lines used, lines left out, RMS residual, R²; warnings   (read by people)
@@ -68,6 +69,8 @@ from planner.tools.run_trace import TRACE_FILE, read_run_trace
 CALIBRATION_FILE = "calibration.yaml"
 SPEED_ROUNDS = 50  # alternating fits of the coefficients and the worker speeds
 OUTLIER = 3.0  # a trainer step this many times the median compiled something: left out
+R2_WARN = 0.5  # a fit whose R² is below this explains less than half of its lines' spread: warned
+SPREAD_FLOOR = 1e-12  # lines whose spread is below this share of their size have none (R² undefined)
 
 
 REPLAY_DIR = "replay"  # the replay command's run directory, inside the run's
@@ -110,7 +113,8 @@ def _fit(x: np.ndarray, y: np.ndarray, left_out: int) -> Fit:
     coef = nnls(x, y)
     pred = x @ coef
     ss = float(np.sum((y - y.mean()) ** 2))
-    r2 = 1 - float(np.sum((y - pred) ** 2)) / ss if ss > 0 else float("nan")
+    # Lines that differ by rounding only (every step of a run alike) have no spread to explain.
+    r2 = 1 - float(np.sum((y - pred) ** 2)) / ss if ss > SPREAD_FLOOR * float(np.sum(y ** 2)) else float("nan")
     return Fit(coef, len(y), left_out, float(np.sqrt(np.mean((y - pred) ** 2))), r2, float(pred.sum() / y.sum() - 1))
 
 
@@ -126,6 +130,20 @@ def too_few_lines(what: str, coefficients: tuple[str, ...], lines: int) -> str |
     names = ", ".join(f"sim.{c}" for c in coefficients)
     return (f"{what}: {names} fitted to {lines} line{'s' if lines != 1 else ''} (needs more than "
             f"{len(coefficients)}): the fit is not checked by any residual; a longer run or one that varies the load helps")
+
+
+def poor_fit(what: str, coefficients: tuple[str, ...], fit: Fit) -> str | None:
+    """A warning when `fit` explains less than half of its lines' spread (R² < `R2_WARN`): its
+    coefficients reproduce the lines' total (what the replay's steps/h rests on) but not how the
+    time varies with the load, so the replay extrapolates poorly to other loads. Lines without
+    spread (R² undefined) have nothing to explain; too few lines have their own warning."""
+    if np.isnan(fit.r2) or fit.r2 >= R2_WARN or fit.used <= len(coefficients):
+        return None
+    names = ", ".join(f"sim.{c}" for c in coefficients)
+    r2 = round(fit.r2, 2) + 0.0  # no "-0.00"
+    return (f"{what}: R² {r2:.2f} < {R2_WARN}: {names} explain little of how its {fit.used} lines vary (RMS "
+            f"residual {_round(fit.rms)} s); the replay matches this run's total ({fit.rel:+.1%}), not other loads: "
+            "a run that varies the load (batch, lengths, slots) separates them")
 
 
 def _need(lines: list, what: str, path: Path, why: str) -> None:
@@ -233,10 +251,13 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
         sim["admission_window"] = int(head["admission_window"])
     build(SimConfig, sim, "sim")  # what the replay will build: a bad fit fails here, not there
     lag_q = np.percentile(lags, [10, 50, 90]).round(6).tolist() if lags else []
+    decode_what = "decode" + (" (iterations outside trainer steps)" if split else "")
+    decode_coef = ("workers.decode_alpha", "workers.decode_beta", "workers.prefill_per_token")
     warnings = [w for w in (
-        too_few_lines("decode" + (" (iterations outside trainer steps)" if split else ""),
-                      ("workers.decode_alpha", "workers.decode_beta", "workers.prefill_per_token"), len(decode)),
+        too_few_lines(decode_what, decode_coef, len(decode)),
+        poor_fit(decode_what, decode_coef, dec),
         too_few_lines("trainer", ("trainer.c0", "trainer.c1"), len(kept)),
+        poor_fit("trainer", ("trainer.c0", "trainer.c1"), tr),
         too_few_lines("colocation (iterations in trainer steps)", ("workers.colocated_slowdown",), len(in_steps))
         if split else None,
     ) if w] + tail_warnings

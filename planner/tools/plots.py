@@ -3,13 +3,17 @@
 real runs: both drivers write those files with `planner.run_files`' keys.
 
     python -m planner.plots RUN_DIR [--out DIR]      staleness_hist.png, utilisation.png
+                                                     (+ training_curves.png for a training run)
 
 Each function draws one figure into one file; matplotlib runs headless (Agg). `run_plots` draws a
-run directory's two plots. Active sequences per worker come from the trace where the run has one
-(a training run: its metrics' `gen_active` is sampled at step ends, when the engine is mostly
-idle), else from the metrics records (the simulator's, exact at each step end). Warm-up steps that
-compiled (`compiling_steps`) are drawn apart from training, so the compile does not read as
-a slow step.
+run directory's two plots, and for a training run (its records carry a reward and a loss; the
+simulator's are null: it has no model) a third, its curves per step: the batch's mean reward, the
+loss, the held-out evaluation's pass@1 and mean reward (`eval.every`; each at the steps its weights
+had trained, 0 the base model) and the batch's staleness, max and mean, under η. Active sequences
+per worker come from the trace where the run has one (a training run: its metrics' `gen_active` is
+sampled at step ends, when the engine is mostly idle), else from the metrics records (the
+simulator's, exact at each step end). Warm-up steps that compiled (`compiling_steps`) are drawn
+apart from training, so the compile does not read as a slow step.
 """
 
 from __future__ import annotations
@@ -148,10 +152,99 @@ def utilisation(steps: Sequence[Mapping[str, Any]], path: str | Path, title: str
     _save(fig, path)
 
 
+Series = list[tuple[int, float]]  # (x, y) points; y is nan where the record holds null (a skipped step's loss)
+
+
+def is_training_run(steps: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether the records are a training run's: one with a model has a reward (the simulator's is null)."""
+    return any(r.get("reward_mean") is not None for r in steps)
+
+
+def _value(v: Any) -> float:
+    return float("nan") if v is None else float(v)
+
+
+def training_series(steps: Sequence[Mapping[str, Any]], summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What `training_curves` draws, from a training run's `metrics.jsonl` records: per step the
+    batch's `reward_mean`, `loss`, `max_staleness_in_batch` and `mean_staleness_in_batch`; per
+    evaluation `eval/pass_at_1` and `eval/mean_reward` at x = `eval/version` (the steps its
+    weights had trained: 0 is the base model), with the last evaluation from `summary["eval"]`
+    when no step record was left to carry it; and `eta`, the run's `max_staleness` (None: none)."""
+    evals = {int(r["eval/version"]): r for r in steps if r.get("eval/pass_at_1") is not None}
+    last = (summary or {}).get("eval")
+    if last and last.get("eval/pass_at_1") is not None:
+        evals.setdefault(int(last["eval/version"]), last)
+    return {
+        "reward": [(r["step"], _value(r["reward_mean"])) for r in steps],
+        "loss": [(r["step"], _value(r["loss"])) for r in steps],
+        "max_staleness": [(r["step"], _value(r["max_staleness_in_batch"])) for r in steps],
+        "mean_staleness": [(r["step"], _value(r["mean_staleness_in_batch"])) for r in steps],
+        "eval_pass_at_1": [(v, _value(evals[v]["eval/pass_at_1"])) for v in sorted(evals)],
+        "eval_mean_reward": [(v, _value(evals[v].get("eval/mean_reward"))) for v in sorted(evals)],
+        "eval_prompts": max([int(e.get("eval/n") or 0) for e in evals.values()] or [0]),
+        "eta": (summary or {}).get("max_staleness"),
+    }
+
+
+def training_figure(series: Mapping[str, Any], title: str = "") -> Any:
+    """The figure of `training_series`: four panels over the trainer step — reward, loss, held-out
+    evaluation, staleness of the batch (max and mean, η dotted). Returned open, for the caller to
+    save (`training_curves`) or to read back."""
+    fig, axes = plt.subplots(2, 2, figsize=(9, 5.6), sharex=True)
+    (reward, loss), (held_out, staleness) = axes
+
+    def line(ax: Any, points: Series, **kw: Any) -> None:
+        ax.plot([x for x, _ in points], [y for _, y in points], **kw)
+
+    line(reward, series["reward"], color="tab:blue", marker=".", label="batch mean reward")
+    reward.set_ylabel("reward")
+    reward.set_title("reward (mean of the trained batch)", fontsize=9)
+    line(loss, series["loss"], color="tab:purple", marker=".", label="loss")
+    loss.set_ylabel("loss")
+    loss.set_title("loss", fontsize=9)
+    if series["eval_pass_at_1"]:
+        line(held_out, series["eval_pass_at_1"], color="tab:green", marker="o", label="pass@1 (greedy)")
+        line(held_out, series["eval_mean_reward"], color="tab:olive", marker="x", ls="--", label="mean reward")
+        held_out.legend(fontsize=7)
+    else:
+        held_out.text(0.5, 0.5, "no evaluation in this run\n(eval.every=0)", ha="center", va="center",
+                      transform=held_out.transAxes, fontsize=8, color="gray")
+    held_out.set_ylim(-0.03, 1.03)
+    held_out.set_ylabel("held-out score")
+    n = series["eval_prompts"]
+    held_out.set_title("held-out eval" + (f" ({n} prompts)" if n else "") + " of the weights after x steps",
+                       fontsize=9)
+    line(staleness, series["mean_staleness"], color="tab:orange", lw=2.5, label="mean over tokens")
+    line(staleness, series["max_staleness"], color="tab:red", marker="s", ms=2.5, lw=0.8, label="max")
+    top = max([y for _, y in series["max_staleness"] if y == y] + [0])
+    if series["eta"] is not None:
+        staleness.axhline(series["eta"], color="black", ls=":", lw=1, label=f"η = {series['eta']} (bound)")
+        top = max(top, series["eta"])
+    staleness.set_ylim(-0.15, top + 0.6)  # the bound below the top edge, where the legend sits
+    staleness.yaxis.set_major_locator(MaxNLocator(integer=True))
+    staleness.set_ylabel("staleness (steps)")
+    staleness.set_title("staleness of the trained batch", fontsize=9)
+    staleness.legend(fontsize=7, ncol=3, loc="upper left")
+    for ax in axes[1]:
+        ax.set_xlabel("trainer step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle(title or "training curves")
+    return fig
+
+
+def training_curves(steps: Sequence[Mapping[str, Any]], path: str | Path, title: str = "", *,
+                    summary: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Draw a training run's curves (`training_figure`) into `path`; returns what it drew."""
+    series = training_series(steps, summary)
+    _save(training_figure(series, title), path)
+    return series
+
+
 def run_plots(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Path]:
     """`staleness_hist.png` and `utilisation.png` of one run directory, simulated or training, from
-    its `summary.json`, `metrics.jsonl` and (a training run) `trace.jsonl`, into `out_dir`
-    (default: the run directory). ValueError (one line) when the directory holds no run."""
+    its `summary.json`, `metrics.jsonl` and (a training run) `trace.jsonl`, and for a training run
+    `training_curves.png` (`is_training_run`), into `out_dir` (default: the run directory).
+    ValueError (one line) when the directory holds no run."""
     run_dir = Path(run_dir)
     missing = [name for name in (SUMMARY_FILE, METRICS_FILE) if not (run_dir / name).is_file()]
     if missing:
@@ -162,10 +255,13 @@ def run_plots(run_dir: str | Path, out_dir: str | Path | None = None) -> list[Pa
     summary = json.loads((run_dir / SUMMARY_FILE).read_text(encoding="utf-8"))
     steps = read_steps(run_dir / METRICS_FILE)
     trace = run_dir / TRACE_FILE
+    title = f"{summary['policy']}, η={summary['max_staleness']}"
     paths = [out / "staleness_hist.png", out / "utilisation.png"]
     staleness_histogram(summary, paths[0])
-    utilisation(steps, paths[1], title=f"{summary['policy']}, η={summary['max_staleness']}",
-                active=trace_active(trace) if trace.is_file() else None)
+    utilisation(steps, paths[1], title=title, active=trace_active(trace) if trace.is_file() else None)
+    if is_training_run(steps):
+        paths.append(out / "training_curves.png")
+        training_curves(steps, paths[2], title=title, summary=summary)
     return paths
 
 
@@ -272,7 +368,8 @@ def schedule_gantt(ledger_path: str | Path, path: str | Path, *, start: int, ste
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.plots", description="Draw a run directory's plots "
-                                 "(staleness histogram, trainer and generator utilisation).")
+                                 "(staleness histogram, trainer and generator utilisation; for a training run also "
+                                 "reward, loss, held-out pass@1 and staleness per step).")
     ap.add_argument("run_dir", help="a run's directory (planner.simulate or jaxrl_async.train)")
     ap.add_argument("--out", help="where to write the PNGs (default RUN_DIR)")
     args = ap.parse_args(argv)

@@ -2,6 +2,7 @@
 
 import errno
 import json
+import shutil
 
 import pytest
 
@@ -105,3 +106,50 @@ def test_a_full_disk_under_metrics_jsonl_names_the_file(tmp_path):
                 sink.write({"step": step, "loss": 0.5})
         assert e.value.errno == errno.ENOSPC and e.value.filename == str(mount / "metrics.jsonl")
         sink.close()
+
+
+@pytest.mark.skipif(shutil.which("tensorboard") is None,
+                    reason="no tensorboard command (a [project] dependency: `pip install -e .` brings it)")
+def test_the_readmes_tensorboard_command_serves_a_runs_events_on_loopback_and_stops(tmp_path):
+    """`tensorboard --logdir RUN_DIR` (README) finds the sink's events under RUN_DIR/tb; bound to
+    127.0.0.1 on a free port, stopped by SIGTERM, every wait bounded."""
+    import re
+    import subprocess
+    import threading
+    import time
+    import urllib.request
+
+    sink = TensorBoardSink(tmp_path / "tb")
+    for step in range(3):
+        sink.write({"step": step, "reward_mean": 0.25 * step, "loss": 0.5})
+    sink.close()
+    proc = subprocess.Popen(["tensorboard", "--logdir", str(tmp_path), "--host", "127.0.0.1", "--port", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url: list[str] = []
+    listening = threading.Event()
+
+    def watch() -> None:  # it prints its address once it listens
+        for line in proc.stdout:
+            if match := re.search(r"http://127\.0\.0\.1:\d+/", line):
+                url.append(match.group())
+                listening.set()
+
+    threading.Thread(target=watch, daemon=True).start()
+    try:
+        assert listening.wait(90), "tensorboard printed no http://127.0.0.1:PORT/ within 90 s"
+        deadline, tags = time.monotonic() + 60, {}
+        while "reward_mean" not in tags.get("tb", []) and time.monotonic() < deadline:
+            time.sleep(0.5)  # it loads the event files in the background after it listens
+            with urllib.request.urlopen(url[0] + "data/plugin/scalars/tags", timeout=10) as r:
+                tags = json.loads(r.read())
+        assert {"reward_mean", "loss"} <= set(tags.get("tb", [])), tags
+        with urllib.request.urlopen(url[0] + "data/plugin/scalars/scalars?run=tb&tag=reward_mean", timeout=10) as r:
+            assert [(step, value) for _, step, value in json.loads(r.read())] == [(0, 0.0), (1, 0.25), (2, 0.5)]
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=30)
+    assert proc.returncode is not None

@@ -19,12 +19,13 @@ ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01,
 SPEEDS = (1.0, 0.5)
 
 
-def synthetic_run(run_dir, steps=12, *, colocated=None, slowdown=0.0):
+def synthetic_run(run_dir, steps=12, *, colocated=None, slowdown=0.0, trainer_noise=0.0):
     """A trace whose every time follows the simulator's cost model exactly; with `slowdown`, it
     also has iterations during trainer steps whose decode part is (1 + slowdown)× slower, and
-    `colocated` goes into the `run` line (None: left out, as in traces before the field)."""
+    `colocated` goes into the `run` line (None: left out, as in traces before the field); with
+    `trainer_noise`, each trainer step takes up to that many seconds more, at random."""
     run_dir.mkdir()
-    rng = np.random.default_rng(0)
+    rng, noise = np.random.default_rng(0), np.random.default_rng(1)
     w = TraceWriter(run_dir / "trace.jsonl")
     w.write("run", 0.0, step=0, policy="lookahead", max_staleness=1, batch_groups=4, group_size=2,
             admission_window=8, max_new_tokens=8, engine="jax", workers=2, slots=16, kv_tokens=2048,
@@ -44,6 +45,7 @@ def synthetic_run(run_dir, steps=12, *, colocated=None, slowdown=0.0):
         calls.append((0, 5.0, 8, 16, 0, True, False))  # a compiling iteration: left out
         tokens, prompt = int(rng.integers(100, 2000)), int(rng.integers(50, 500))
         duration = C0 + C1 * (tokens + prompt) + (3.0 if k == 0 else 0.0)  # step 0 compiles
+        duration += trainer_noise * noise.random()
         w.write("train", t, step=k, start=t, end=t + duration, groups=4, tokens=tokens, prompt_tokens=prompt)
         t += duration
         w.write("publish", t, version=k + 1)
@@ -189,6 +191,26 @@ def test_a_decode_fit_on_one_line_warns_naming_its_coefficients_and_the_count(tm
     assert "sim.workers.decode_alpha, sim.workers.decode_beta, sim.workers.prefill_per_token" in warning[0]
     assert "fitted to 1 line " in warning[0]
     assert yaml.safe_load((run_dir / "calibration.yaml").read_text())["fit"]["warnings"]
+
+
+def test_a_fit_that_explains_less_than_half_of_its_lines_spread_warns_in_one_line_naming_it(tmp_path, capsys):
+    run_dir = synthetic_run(tmp_path / "run", colocated=True, slowdown=0.7, trainer_noise=0.3)
+    assert main([str(run_dir)]) == 0
+    err = capsys.readouterr().err
+    warning = [line for line in err.splitlines() if line.startswith("warning: ")]
+    assert len(warning) == 1 and warning[0].startswith("warning: trainer: R² "), err  # decode is exact: no warning
+    assert "< 0.5: sim.trainer.c0, sim.trainer.c1 explain little" in warning[0]
+    fit = yaml.safe_load((run_dir / "calibration.yaml").read_text())["fit"]
+    assert fit["trainer"]["r2"] < 0.5 and fit["decode"]["r2"] == pytest.approx(1.0)
+    assert fit["warnings"] == [warning[0].removeprefix("warning: ")]
+
+
+def test_steps_that_differ_by_rounding_only_have_no_r2_and_no_warning(tmp_path):
+    from tests.helpers import training_run as R
+
+    cal = calibrate(R.write_training_run(tmp_path / "run"))  # every batch costs the same
+    assert cal["fit"]["trainer"]["r2"] is None and cal["fit"]["trainer"]["rms_s"] < 1e-9
+    assert cal["fit"]["warnings"] == []
 
 
 def test_a_fit_on_enough_lines_warns_nothing(tmp_path, capsys):

@@ -6,7 +6,7 @@ import pytest
 import planner.policies  # noqa: F401  (registers the baselines)
 import planner.policies.lookahead  # noqa: F401
 from planner.ledger import read_ledger
-from planner.tools.compare import GANTT_START, GANTT_STEPS, parse_args
+from planner.tools.compare import CAPPED, CAPPED_NOTE, GANTT_START, GANTT_STEPS, markdown, parse_args
 from planner.tools.plots import eta_series, schedule_gantt, throughput_vs_eta
 from planner.tools.simulate import SimulateConfig, run_simulation
 
@@ -36,6 +36,26 @@ def test_the_no_drop_bound_is_drawn_capped_at_the_ceiling_and_drops_are_carried(
     assert series["bound"] == [(1, 100.0), (2, 100.0), (4, 100.0)]  # 150, 300, 600 in results.csv
     assert series["policies"]["p"] == [(1, 81.0, 0), (2, 82.0, 7), (4, 84.0, 0)]
     assert eta_series(rows(bound=30.0))["bound"] == [(1, 30.0), (2, 60.0), (4, 100.0)]
+
+
+def table_rows(bounds):
+    return [{"workload": "w", "policy": "p", "eta": eta, "steps_per_hour": 80.0, "unbounded_ceiling": 100.0,
+             "no_drop_bound": bound, "max_token_staleness": eta, "groups_dropped": 0, "tokens_wasted": 0,
+             "trainer_busy_fraction": 0.5, "generator_busy_fraction": 0.5} for eta, bound in enumerate(bounds, 1)]
+
+
+def bound_column(table):
+    head, _, *body = table.splitlines()
+    column = [c.strip() for c in head.strip("|").split("|")].index("no-drop bound")
+    return [[c.strip() for c in line.strip("|").split("|")][column] for line in body if line.startswith("|")]
+
+
+def test_the_table_never_prints_the_no_drop_bound_above_the_ceiling_and_says_why_it_is_capped():
+    table = markdown(table_rows([90.0, 100.9, 600.0]))
+    assert bound_column(table) == ["90.0", f"100.0{CAPPED}", f"100.0{CAPPED}"]  # 100.9 and 600 in results.csv
+    assert table.rstrip().endswith(CAPPED_NOTE) and "above the measured ceiling" in CAPPED_NOTE
+    uncapped = markdown(table_rows([90.0, 100.0]))
+    assert bound_column(uncapped) == ["90.0", "100.0"] and CAPPED_NOTE not in uncapped
 
 
 def test_throughput_vs_eta_draws_rows_with_drops(tmp_path):
