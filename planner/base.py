@@ -126,7 +126,7 @@ class PolicyBase:
 
     def __init__(self, ctx: PlanContext, params: Any | None = None) -> None:
         self.ctx = ctx
-        self.params = params if params is not None else self.Params(**self.default_params(ctx))
+        self.params = params if params is not None else self.typed_params(self.default_params(ctx))
         self.groups: dict[int, Group] = {}
         self.step = 0  # the trainer's current step (= trainer version)
         self.batch_pending = False  # batch `step` is chosen and training; cleared by on_step_done
@@ -158,9 +158,13 @@ class PolicyBase:
         (`planner.registry.given_params`). `planner.configs.build` checks the keys and the types
         (`policy.migrate='no': must be true or false`) before the Params' own rules run.
         """
-        values = {**cls.default_params(ctx), **configs.given(overrides)}
-        params = configs.build(cls.Params, values, "policy", what=f"parameter of policy '{cls.name}'")
-        return cls(ctx, params)
+        return cls(ctx, cls.typed_params({**cls.default_params(ctx), **configs.given(overrides)}))
+
+    @classmethod
+    def typed_params(cls, values: Mapping[str, Any]) -> Any:
+        """`values` as the Params dataclass, through the builder every config section uses: an
+        unknown key, a value of the wrong type or a broken rule is one line naming `policy.<key>`."""
+        return configs.build(cls.Params, values, "policy", what=f"parameter of policy '{cls.name}'")
 
     # ----------------------------------------------------------------- views
     @property
@@ -394,7 +398,7 @@ class PolicyBase:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["policy"] != self.name:
             raise ValueError(f"checkpoint holds policy '{state['policy']}', this run uses '{self.name}'")
-        self.params = self.Params(**state["params"])
+        self.params = self.typed_params(state["params"])
         for k, v in state["scalars"].items():
             setattr(self, k, v)
         self.groups = {}

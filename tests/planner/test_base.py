@@ -63,3 +63,15 @@ def test_a_checkpoint_restores_the_typed_parameters():
     fresh = make_policy("lookahead", CTX)
     fresh.load_state_dict(policy.state_dict())
     assert fresh.params == policy.params
+
+
+def test_a_checkpoint_whose_parameters_do_not_type_is_refused_naming_the_key():
+    state = make_policy("lookahead", CTX).state_dict()
+    state["params"]["migrate"] = "no"
+    with pytest.raises(ValueError, match=r"^policy\.migrate='no': must be true or false$"):
+        make_policy("lookahead", CTX).load_state_dict(state)
+
+
+@pytest.mark.parametrize("name", sorted(POLICIES))
+def test_a_policy_made_without_parameters_gets_the_ones_build_derives(name):
+    assert policy_class(name)(CTX).params == make_policy(name, CTX).params
