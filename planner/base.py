@@ -27,7 +27,8 @@ framework's own parameter names, each typed and documented in its docstring's `A
 section (`build` types `policy.<name>` against the annotation; `--help` shows the text), map the
 common `max_staleness` onto them in `default_params`, override the hooks that differ
 (`admission_quota`, `order_candidates`, `make_admission`, `choose_batch`,
-`on_version_published`, ...) and register the class in `planner.registry`. Shared L1/L2/L3 rules live in `planner.policies.blocks`.
+`on_version_published`, ...) and register the class in `planner.registry`. Shared L1/L2/L3 rules
+live in `planner.policies.blocks`.
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
 """Typed configs from composed mappings: one builder and one validation helper for every config.
 
-Every config section (`sim.workers`, `trainer.optim`, `engine`, `cluster.distributed`, a task,
-a policy's parameters, a workload, the simulator's and the run's top level, ...) is a frozen dataclass whose fields carry the defaults and
-whose `__post_init__` validates values with `check`. `build` turns a plain mapping (Hydra's
-composed config, `OmegaConf.to_container`) into that dataclass and adds the two checks a
-dataclass cannot make itself — an unknown key, a missing required key and a value of the wrong
-type (text in a number field, checked against the field's annotation) — as one-line errors naming
-the dotted key the user typed; a field typed as another config dataclass is built from its mapping
-by `build` itself, so no config writes its own nesting. The type check runs before the
-dataclass's own `__post_init__`, so a rule such as `c0 >= 0` only ever sees a number, and every
-section of every command gets it without writing it.
+Every config section (`sim.workers`, `trainer.optim`, `engine`, `cluster.distributed`, a task, a
+policy's parameters, a workload, the simulator's and the run's top level, ...) is a frozen
+dataclass whose fields carry the defaults and whose `__post_init__` validates values with `check`.
+`build` turns a plain mapping (Hydra's composed config, `OmegaConf.to_container`) into that
+dataclass and adds the two checks a dataclass cannot make itself — an unknown key, a missing
+required key and a value of the wrong type (text in a number field, checked against the field's
+annotation) — as one-line errors naming the dotted key the user typed; a field typed as another
+config dataclass is built from its mapping by `build` itself, so no config writes its own nesting.
+The type check runs before the dataclass's own `__post_init__`, so a rule such as `c0 >= 0` only
+ever sees a number, and every section of every command gets it without writing it.
 
 `defaults(cls)` is the same dataclass as plain data. The entry points store it in Hydra's
 ConfigStore (`register_defaults`, node `base/<group>/<name>`) and each `conf/` file lists that

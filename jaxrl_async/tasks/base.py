@@ -10,9 +10,9 @@ Splits: `examples()` is the training split; `test_examples()` is the held-out sp
 or generated apart from the training ones). A task without one says so when asked.
 
 To add a task: subclass `TaskConfig` (a frozen dataclass, every field with a default and an
-entry in its docstring's `Attributes:` section) and `Task` (set `name` and `config_class`, implement `examples` and `score`, and
-`test_examples` when it has a held-out split), decorate it with `@register_task`, import its
-module in `tasks/__init__.py` and add `conf/task/<name>.yaml`.
+entry in its docstring's `Attributes:` section) and `Task` (set `name` and `config_class`,
+implement `examples` and `score`, and `test_examples` when it has a held-out split), decorate it
+with `@register_task`, import its module in `tasks/__init__.py` and add `conf/task/<name>.yaml`.
 Every task also takes `reward_fn` (a user function that replaces `score`), `reward_timeout_s`,
 `reward_workers` and `max_reward_failure_rate`.
 """
