@@ -23,10 +23,12 @@ Event protocol (the driver calls these; each returns a `Decision` to apply):
                                            (`end_of_run`) — a no-drop policy has none
 
 How to add a policy: subclass `PolicyBase`, declare a frozen `Params` dataclass with the
-framework's own parameter names, map the common `max_staleness` onto them in
-`default_params`, override the hooks that differ (`admission_quota`, `order_candidates`,
-`make_admission`, `choose_batch`, `on_version_published`, ...) and register the class in
-`planner.registry`. Shared L1/L2/L3 rules live in `planner.policies.blocks`.
+framework's own parameter names, each typed and documented in its docstring's `Attributes:`
+section (`build` types `policy.<name>` against the annotation; `--help` shows the text), map the
+common `max_staleness` onto them in `default_params`, override the hooks that differ
+(`admission_quota`, `order_candidates`, `make_admission`, `choose_batch`,
+`on_version_published`, ...) and register the class in `planner.registry`. Shared L1/L2/L3 rules
+live in `planner.policies.blocks`.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from planner.configs import check_keys
+from planner import configs
 from planner.types import Admission, Candidate, Decision, Drop, GroupState, Move, PlanContext, Versions
 
 
@@ -125,7 +127,7 @@ class PolicyBase:
 
     def __init__(self, ctx: PlanContext, params: Any | None = None) -> None:
         self.ctx = ctx
-        self.params = params if params is not None else self.Params(**self.default_params(ctx))
+        self.params = params if params is not None else self.typed_params(self.default_params(ctx))
         self.groups: dict[int, Group] = {}
         self.step = 0  # the trainer's current step (= trainer version)
         self.batch_pending = False  # batch `step` is chosen and training; cleared by on_step_done
@@ -149,20 +151,21 @@ class PolicyBase:
     def build(cls, ctx: PlanContext, overrides: Mapping[str, Any] | None = None) -> PolicyBase:
         """Make the policy from the common context plus `policy.<native name>` overrides.
 
-        A parameter absent from `overrides` takes the policy's default: `default_params` (derived
-        from max_staleness) over the Params dataclass's own. A parameter present is that value,
-        None included: null is a value of the parameters whose type admits it (torchtitan's
-        `window_fraction: null` is strict FIFO, not the default 0.3) and an error for the others,
-        so "not given" and "null" never mean the same thing (`planner.registry.given_params`).
+        A parameter absent from `overrides` (or left `???`) takes the policy's default:
+        `default_params` (derived from max_staleness) over the Params dataclass's own. A parameter
+        present is that value, None included: null is a value of the parameters whose type admits
+        it (torchtitan's `window_fraction: null` is strict FIFO, not the default 0.3) and an error
+        for the others, so "not given" and "null" never mean the same thing
+        (`planner.registry.given_params`). `planner.configs.build` checks the keys and the types
+        (`policy.migrate='no': must be true or false`) before the Params' own rules run.
         """
-        overrides = dict(overrides or {})
-        fields = {f.name: f for f in dataclasses.fields(cls.Params)}
-        check_keys(overrides, fields, "policy", what=f"parameter of policy '{cls.name}'")
-        for key, value in overrides.items():
-            if value is None and "None" not in str(fields[key].type):
-                raise ValueError(f"policy.{key}=null: policy '{cls.name}' takes no null here "
-                                 f"(leave it ??? for its default)")
-        return cls(ctx, cls.Params(**{**cls.default_params(ctx), **overrides}))
+        return cls(ctx, cls.typed_params({**cls.default_params(ctx), **configs.given(overrides)}))
+
+    @classmethod
+    def typed_params(cls, values: Mapping[str, Any]) -> Any:
+        """`values` as the Params dataclass, through the builder every config section uses: an
+        unknown key, a value of the wrong type or a broken rule is one line naming `policy.<key>`."""
+        return configs.build(cls.Params, values, "policy", what=f"parameter of policy '{cls.name}'")
 
     # ----------------------------------------------------------------- views
     @property
@@ -206,11 +209,6 @@ class PolicyBase:
     def untrained(self) -> int:
         """|U|: admitted groups neither trained nor dropped."""
         return self._inflight + len(self._done)
-
-    @property
-    def completed_total(self) -> int:
-        """Groups that ever finished generating (AReaL's `accepted`)."""
-        return self._finish_seq
 
     # ----------------------------------------------------------------- hooks
     def admission_quota(self, now: float) -> int:
@@ -401,7 +399,7 @@ class PolicyBase:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state["policy"] != self.name:
             raise ValueError(f"checkpoint holds policy '{state['policy']}', this run uses '{self.name}'")
-        self.params = self.Params(**state["params"])
+        self.params = self.typed_params(state["params"])
         for k, v in state["scalars"].items():
             setattr(self, k, v)
         self.groups = {}

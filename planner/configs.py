@@ -1,15 +1,15 @@
 """Typed configs from composed mappings: one builder and one validation helper for every config.
 
-Every config section (`sim.workers`, `trainer.optim`, `engine`, `cluster.distributed`, a task,
-a workload, the run's top level, ...) is a frozen dataclass whose fields carry the defaults and
-whose `__post_init__` validates values with `check`. `build` turns a plain mapping (Hydra's
-composed config, `OmegaConf.to_container`) into that dataclass and adds the two checks a
-dataclass cannot make itself — an unknown key, a missing required key and a value of the wrong
-type (text in a number field, checked against the field's annotation) — as one-line errors naming
-the dotted key the user typed; a field typed as another config dataclass is built from its mapping
-by `build` itself, so no config writes its own nesting. The type check runs before the
-dataclass's own `__post_init__`, so a rule such as `c0 >= 0` only ever sees a number, and every
-section of every command gets it without writing it.
+Every config section (`sim.workers`, `trainer.optim`, `engine`, `cluster.distributed`, a task, a
+policy's parameters, a workload, the simulator's and the run's top level, ...) is a frozen
+dataclass whose fields carry the defaults and whose `__post_init__` validates values with `check`.
+`build` turns a plain mapping (Hydra's composed config, `OmegaConf.to_container`) into that
+dataclass and adds the two checks a dataclass cannot make itself — an unknown key, a missing
+required key and a value of the wrong type (text in a number field, checked against the field's
+annotation) — as one-line errors naming the dotted key the user typed; a field typed as another
+config dataclass is built from its mapping by `build` itself, so no config writes its own nesting.
+The type check runs before the dataclass's own `__post_init__`, so a rule such as `c0 >= 0` only
+ever sees a number, and every section of every command gets it without writing it.
 
 `defaults(cls)` is the same dataclass as plain data. The entry points store it in Hydra's
 ConfigStore (`register_defaults`, node `base/<group>/<name>`) and each `conf/` file lists that
@@ -145,11 +145,23 @@ def _fits(hint: Any, value: Any) -> bool:
     return True
 
 
-def check_type(hint: Any, name: str, value: Any) -> None:
-    """One-line ValueError `name=value: must be ...` unless `value` fits the annotation `hint`."""
+def check_type(hint: Any, name: str, value: Any, *, has_default: bool = False) -> None:
+    """One-line ValueError `name=value: must be ...` unless `value` fits the annotation `hint`.
+
+    A null is written as the user types it; where the field `has_default`, the error says how to
+    get the default back (`???`, Hydra's "not given", which `build` treats as absent): null is a
+    value, never "the default", so `policy.window_fraction=null` and `???` differ."""
     rule = _type_error(hint, value)
-    if rule is not None:
-        raise ValueError(f"{name}={value!r}: {rule}")
+    if rule is None:
+        return
+    if value is None:
+        raise ValueError(f"{name}=null: {rule}" + (" (leave it ??? for its default)" if has_default else ""))
+    raise ValueError(f"{name}={value!r}: {rule}")
+
+
+def given(values: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The keys `values` sets: every key but those left `???` (MISSING), which take their default."""
+    return {k: v for k, v in (values or {}).items() if not (isinstance(v, str) and v == MISSING)}
 
 
 def build(cls: type[T], values: Mapping[str, Any] | None, section: str, *, what: str = "key") -> T:
@@ -159,15 +171,17 @@ def build(cls: type[T], values: Mapping[str, Any] | None, section: str, *, what:
     A field typed as a config dataclass (or optional one) is built from its mapping here, under
     `section.field`; a value that already is the dataclass is kept. `section` "" is the top level.
     """
-    values = {k: v for k, v in (values or {}).items() if not (isinstance(v, str) and v == MISSING)}
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    check_keys(values, (f.name for f in fields), section, what=what)
-    for f in fields:
-        if f.name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-            raise ValueError(f"{_key(section, f.name)}: required key missing (set {_key(section, f.name)}=...)")
+    values = given(values)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    check_keys(values, fields, section, what=what)
+    required = {name for name, f in fields.items()
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    for name in fields:
+        if name not in values and name in required:
+            raise ValueError(f"{_key(section, name)}: required key missing (set {_key(section, name)}=...)")
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
-        check_type(hints[name], _key(section, name), value)
+        check_type(hints[name], _key(section, name), value, has_default=name not in required)
         sub = _nested(hints[name])
         if sub is not None and isinstance(value, Mapping):
             values[name] = build(sub, value, _key(section, name))

@@ -21,8 +21,15 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class ArealParams:
-    max_head_offpolicyness: int = 0  # AReaL's staleness bound in versions; conf null = max_staleness
-    max_concurrent_rollouts: int | None = None  # None = consumer_batch_size (B), as AReaL
+    """AReaL's native parameters (`policy.<name>`).
+
+    Attributes:
+        max_head_offpolicyness: AReaL's staleness bound in versions; not given: max_staleness.
+        max_concurrent_rollouts: cap on running groups; null: consumer_batch_size (B), as AReaL.
+    """
+
+    max_head_offpolicyness: int = 0
+    max_concurrent_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         ofp = self.max_head_offpolicyness

@@ -27,10 +27,21 @@ OUTPUT_QUEUE_PAUSE = 0.8  # fraction of the output queue at which admission paus
 
 @dataclass(frozen=True)
 class DressageParams:
-    max_active_groups: int | None = None  # None = B·(η + 1)
-    output_queue_size: int | None = None  # groups; None = B·(η + 1)
-    dressage_staleness_keep_versions: int | None = None  # None or 0: filter off
-    max_partial_rollout_preempts: int | None = None  # None: no span limit
+    """Dressage's native parameters (`policy.<name>`).
+
+    Attributes:
+        max_active_groups: cap on generating groups; null: B·(η + 1).
+        output_queue_size: the output queue in groups (admission pauses at 80% full); null: B·(η + 1).
+        dressage_staleness_keep_versions: version labels kept by the L3 window; null or 0: filter
+            off; not given: η + 1.
+        max_partial_rollout_preempts: a group spanning more than this + 1 versions is aborted;
+            null: no span limit; not given: η.
+    """
+
+    max_active_groups: int | None = None
+    output_queue_size: int | None = None
+    dressage_staleness_keep_versions: int | None = None
+    max_partial_rollout_preempts: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_active_groups", "output_queue_size"):

@@ -75,18 +75,32 @@ from planner.types import Admission, Candidate, Decision, GroupState, Move, Vers
 
 @dataclass(frozen=True)
 class LookaheadParams:
-    predictor: str = "none"  # none | history | oracle: admission order only (long first)
-    refine_on_start: bool = True  # later deadline for groups that start on newer weights
-    max_inflight_groups: int | None = None  # engine-side cap; may only lower the (F) quota
-    kv_token_budget: int | None = None  # cap on predicted tokens in flight (needs a predictor)
-    # Cap on |U| (admitted, untrained groups), >= B; below the quota's B·(η+1) it admits just
-    # enough to keep the trainer busy, so a trainer-bound run trains fresher tokens.
+    """The planner's parameters (`policy.<name>`); η is the run's max_staleness.
+
+    Attributes:
+        predictor: none | history | oracle: a length predictor, for the admission order only
+            (longest predicted first).
+        refine_on_start: a group that starts on newer weights than it was admitted on gets the
+            later deadline start + η.
+        max_inflight_groups: engine-side cap on generating groups; may only lower the (F) quota.
+        kv_token_budget: cap on predicted tokens in flight (needs a predictor).
+        max_untrained_groups: cap on |U| (admitted, untrained groups), >= B; below the quota's
+            B·(η + 1) it admits just enough to keep the trainer busy, so a trainer-bound run
+            trains fresher tokens.
+        migrate: also ask the driver to migrate the groups the waiting trainer needs to a less
+            loaded replica (Decision.migrate), each at most once per attempt; critical marks are
+            always sent.
+        tail_fraction: a deadline class's in-flight groups are its stragglers, marked critical,
+            once at most this share of its untrained groups is left, in [0, 1] (0: only the next
+            batch's groups).
+    """
+
+    predictor: str = "none"
+    refine_on_start: bool = True
+    max_inflight_groups: int | None = None
+    kv_token_budget: int | None = None
     max_untrained_groups: int | None = None
-    # Also ask the driver to migrate the groups the waiting trainer needs (Decision.migrate) to
-    # a less loaded replica; each group at most once per attempt. Critical marks are always sent.
     migrate: bool = False
-    # A deadline class's in-flight groups are its stragglers once at most this share of its
-    # untrained groups is left: they are marked critical then (0: only the next batch's groups).
     tail_fraction: float = 0.75
 
     def __post_init__(self) -> None:

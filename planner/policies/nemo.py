@@ -44,9 +44,17 @@ def _check_caps(params: Any) -> None:
 
 @dataclass(frozen=True)
 class NemoStalenessParams:
-    max_staleness_versions: int = 1  # NeMo-RL's staleness bound in versions; conf null = max_staleness
-    max_inflight_prompts: int | None = None  # None = B·(max_staleness_versions + 1)
-    max_buffered_rollouts: int | None = None  # None = B·(max_staleness_versions + 1)
+    """The native parameters of NeMo-RL's `weight_fifo` and `ready_first` samplers (`policy.<name>`).
+
+    Attributes:
+        max_staleness_versions: NeMo-RL's staleness bound in versions; not given: max_staleness.
+        max_inflight_prompts: cap on generating groups; null: B·(max_staleness_versions + 1).
+        max_buffered_rollouts: cap on admitted, untrained groups; null: B·(max_staleness_versions + 1).
+    """
+
+    max_staleness_versions: int = 1
+    max_inflight_prompts: int | None = None
+    max_buffered_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         v = self.max_staleness_versions
@@ -56,14 +64,31 @@ class NemoStalenessParams:
 
 @dataclass(frozen=True)
 class NemoWindowedParams(NemoStalenessParams):
-    sample_freshest_first: bool = False  # take the freshest in-window version first (upstream's option)
+    """The native parameters of NeMo-RL's `windowed` sampler (`policy.<name>`).
+
+    Attributes:
+        max_staleness_versions: NeMo-RL's staleness bound in versions; not given: max_staleness.
+        max_inflight_prompts: cap on generating groups; null: B·(max_staleness_versions + 1).
+        max_buffered_rollouts: cap on admitted, untrained groups; null: B·(max_staleness_versions + 1).
+        sample_freshest_first: take the freshest in-window version first (upstream's option).
+    """
+
+    sample_freshest_first: bool = False
 
 
 @dataclass(frozen=True)
 class NemoLookaheadParams:
-    max_lookahead_versions: int = 1  # versions ahead a prompt may be bound to; conf null = max_staleness
-    max_inflight_prompts: int | None = None  # None = B·(max_lookahead_versions + 1)
-    max_buffered_rollouts: int | None = None  # None = B·(max_lookahead_versions + 1)
+    """The native parameters of NeMo-RL's `in_order` sampler (`policy.<name>`).
+
+    Attributes:
+        max_lookahead_versions: versions ahead a prompt may be bound to; not given: max_staleness.
+        max_inflight_prompts: cap on generating groups; null: B·(max_lookahead_versions + 1).
+        max_buffered_rollouts: cap on admitted, untrained groups; null: B·(max_lookahead_versions + 1).
+    """
+
+    max_lookahead_versions: int = 1
+    max_inflight_prompts: int | None = None
+    max_buffered_rollouts: int | None = None
 
     def __post_init__(self) -> None:
         v = self.max_lookahead_versions

@@ -19,7 +19,13 @@ from planner.types import Admission, Decision, PlanContext
 
 @dataclass(frozen=True)
 class OpenrlhfParams:
-    async_queue_size: int = 1  # OpenRLHF's queue of generated batches; conf null = max_staleness
+    """OpenRLHF's native parameters (`policy.<name>`).
+
+    Attributes:
+        async_queue_size: OpenRLHF's queue of generated batches; not given: max(max_staleness, 1).
+    """
+
+    async_queue_size: int = 1
 
     def __post_init__(self) -> None:
         check(self.async_queue_size >= 1, "policy.async_queue_size", self.async_queue_size, "must be >= 1")

@@ -24,13 +24,25 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class PrimeRlParams:
-    max_off_policy_steps: int = 8  # prime-rl's staleness bound in steps; conf null = max_staleness
-    max_inflight: int | None = None  # ceiling of the adaptive cap, groups; None = B·(max_off_policy_steps + 1)
-    min_inflight: int | None = None  # floor; None = B
-    initial_inflight: int | None = None  # cap before the first engine report; None = B
-    kv_soft_cap: float = 0.9  # KV usage above which the cap shrinks
-    max_growth: float = 1.25  # growth factor per report at zero KV usage
-    backoff: float = 0.75  # shrink factor per report above the soft cap
+    """prime-rl's native parameters (`policy.<name>`).
+
+    Attributes:
+        max_off_policy_steps: prime-rl's staleness bound in steps; not given: max_staleness.
+        max_inflight: ceiling of the adaptive cap, in groups; null: B·(max_off_policy_steps + 1).
+        min_inflight: floor of the adaptive cap, in groups; null: B.
+        initial_inflight: the cap before the first engine report, in groups; null: B.
+        kv_soft_cap: KV usage in (0, 1] above which the cap shrinks.
+        max_growth: growth factor of the cap per report at zero KV usage (>= 1).
+        backoff: shrink factor of the cap per report above the soft cap, in (0, 1].
+    """
+
+    max_off_policy_steps: int = 8
+    max_inflight: int | None = None
+    min_inflight: int | None = None
+    initial_inflight: int | None = None
+    kv_soft_cap: float = 0.9
+    max_growth: float = 1.25
+    backoff: float = 0.75
 
     def __post_init__(self) -> None:
         check(self.max_off_policy_steps >= 0, "policy.max_off_policy_steps", self.max_off_policy_steps, "must be >= 0")

@@ -29,7 +29,13 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class RollParams:
-    async_generation_ratio: float = 0.0  # ROLL's rollouts ahead of training, in steps; conf null = max_staleness
+    """ROLL's native parameters (`policy.<name>`).
+
+    Attributes:
+        async_generation_ratio: ROLL's rollouts ahead of training, in steps; not given: max_staleness.
+    """
+
+    async_generation_ratio: float = 0.0
 
     def __post_init__(self) -> None:
         r = self.async_generation_ratio

@@ -21,8 +21,15 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class SkyrlParams:
-    max_staleness_steps: int = 1  # SkyRL's staleness bound in steps; conf null = max_staleness
-    num_parallel_generation_workers: int | None = None  # None = B·(max_staleness_steps + 1)
+    """SkyRL's native parameters (`policy.<name>`).
+
+    Attributes:
+        max_staleness_steps: SkyRL's staleness bound in steps; not given: max_staleness.
+        num_parallel_generation_workers: cap on generating groups; null: B·(max_staleness_steps + 1).
+    """
+
+    max_staleness_steps: int = 1
+    num_parallel_generation_workers: int | None = None
 
     def __post_init__(self) -> None:
         check(self.max_staleness_steps >= 0, "policy.max_staleness_steps", self.max_staleness_steps, "must be >= 0")

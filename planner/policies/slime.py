@@ -20,8 +20,16 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class SlimeParams:
-    sglang_server_concurrency: int | None = None  # summed over engines, trajectories; None = n·B
-    fully_async_group_prefetch_factor: float = 1.0  # slime's in-flight cap, × B groups; conf null = max_staleness + 1
+    """slime's native parameters (`policy.<name>`).
+
+    Attributes:
+        sglang_server_concurrency: trajectories generating at once, summed over engines; null: n·B.
+        fully_async_group_prefetch_factor: slime's in-flight cap, in multiples of B groups; not
+            given: max_staleness + 1.
+    """
+
+    sglang_server_concurrency: int | None = None
+    fully_async_group_prefetch_factor: float = 1.0
 
     def __post_init__(self) -> None:
         c = self.sglang_server_concurrency

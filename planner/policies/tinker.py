@@ -34,9 +34,17 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class TinkerParams:
-    # Upstream has no default (a required field); 1 here, like NeMo-RL's and TRL's.
+    """tinker-cookbook's native parameters (`policy.<name>`).
+
+    Attributes:
+        max_steps_off_policy: the staleness bound K in steps; not given: max_staleness (upstream
+            has no default, a required field; 1 here without one, like NeMo-RL's and TRL's).
+        pipeline_depth: batches sampled ahead of the trainer, in [0, max_steps_off_policy]; null:
+            min(1, max_steps_off_policy), as upstream.
+    """
+
     max_steps_off_policy: int = 1
-    pipeline_depth: int | None = None  # None = min(1, max_steps_off_policy), as upstream
+    pipeline_depth: int | None = None
 
     def __post_init__(self) -> None:
         k = self.max_steps_off_policy

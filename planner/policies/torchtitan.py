@@ -37,8 +37,17 @@ from planner.types import Decision, GroupState, PlanContext
 
 @dataclass(frozen=True)
 class TorchtitanParams:
-    target_offpolicy_steps: int = 3  # S; upstream's default
-    window_fraction: float | None = 0.3  # f; null = strict FIFO (W = 1); upstream's default 0.3
+    """torchtitan's native parameters (`policy.<name>`).
+
+    Attributes:
+        target_offpolicy_steps: S, upstream's staleness target in steps (default 3, upstream's);
+            not given: max_staleness.
+        window_fraction: f, the batcher's window as a share of the (S + 1)·B active slots
+            (upstream's default 0.3); null: strict FIFO (W = 1).
+    """
+
+    target_offpolicy_steps: int = 3
+    window_fraction: float | None = 0.3
 
     def __post_init__(self) -> None:
         s = self.target_offpolicy_steps

@@ -20,8 +20,15 @@ from planner.types import Decision, PlanContext
 
 @dataclass(frozen=True)
 class TrlParams:
-    max_staleness: int = 1  # TRL's staleness bound in steps; conf null = the run's max_staleness
-    max_inflight_tasks: int | None = None  # trajectories; None = per_step_traj · max(max_staleness, 1)
+    """TRL's native parameters (`policy.<name>`).
+
+    Attributes:
+        max_staleness: TRL's staleness bound in steps; not given: the run's max_staleness.
+        max_inflight_tasks: cap on generating trajectories; null: B·n·max(max_staleness, 1).
+    """
+
+    max_staleness: int = 1
+    max_inflight_tasks: int | None = None
 
     def __post_init__(self) -> None:
         check(self.max_staleness >= 0, "policy.max_staleness", self.max_staleness, "must be >= 0")

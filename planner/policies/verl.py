@@ -20,8 +20,16 @@ from planner.types import Decision, GroupState, PlanContext
 
 @dataclass(frozen=True)
 class VerlParams:
-    max_off_policy_threshold: int | None = None  # None: no L3 strategy, L1 only
-    num_warmup_batches: int = 0  # extra batches prefetched before the first step
+    """verl's native parameters (`policy.<name>`).
+
+    Attributes:
+        max_off_policy_threshold: the L3 strategy's bound on `global_steps − prompt_step + 1`;
+            null: no L3 strategy, L1 only; not given: max(max_staleness, 1).
+        num_warmup_batches: extra batches prefetched before the first step; not given: max_staleness.
+    """
+
+    max_off_policy_threshold: int | None = None
+    num_warmup_batches: int = 0
 
     def __post_init__(self) -> None:
         t = self.max_off_policy_threshold

@@ -40,7 +40,6 @@ from planner.tools.help import HelpSpec
 from planner.types import PlanContext
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
-TOP_KEYS = ("policy", "max_staleness", "batch_groups", "group_size", "steps", "seed", "workload", "sim", "calibration")
 CALIBRATION_KEYS = ("sim", "fit", "run")  # fit and run are for people; only sim is applied
 
 
@@ -61,10 +60,34 @@ def help_spec(prog: str, summary: str, nodes: Mapping[str, type] | None = None) 
     return HelpSpec(prog, summary, {**config_nodes(), **(nodes or {})}, {"policy": lambda name: policy_class(name).Params})
 
 
-def _int(name: str, value: Any, *, optional: bool = False) -> int | None:
-    ok = (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool))
-    check(ok, name, value, "must be an integer or null" if optional else "must be an integer")
-    return value
+@dataclass(frozen=True)
+class SimulateKeys:
+    """The top level of `conf/simulate.yaml` as the user types it, typed by `planner.configs.build`
+    (unknown, missing and wrongly typed keys); `SimulateConfig.from_mapping` turns it into the run.
+    The defaults live in `conf/simulate.yaml`, so every key is required here.
+
+    Attributes:
+        policy: the `policy=` group: `name` plus the policy's native parameters (`???`: not given).
+        max_staleness: η; null = unbounded.
+        batch_groups: B: groups per optimizer step.
+        group_size: n: trajectories per group.
+        steps: S: trainer steps to simulate.
+        seed: the simulator's random streams (lengths, faults).
+        workload: the `workload=` group: `name` plus its parameters.
+        sim: the `sim=` group: the simulated cluster.
+        calibration: a planner.calibrate output whose `sim:` keys go over the sim group's file and
+            under command-line sim.* overrides; null = none.
+    """
+
+    policy: dict[str, Any]
+    max_staleness: int | None
+    batch_groups: int
+    group_size: int
+    steps: int
+    seed: int
+    workload: dict[str, Any]
+    sim: SimConfig
+    calibration: str | None
 
 
 @dataclass(frozen=True)
@@ -79,22 +102,13 @@ class SimulateConfig:
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], sim_overrides: Mapping[str, Any] | None = None) -> SimulateConfig:
         """`sim_overrides`: the `sim` keys the command line set itself, which win over `calibration`."""
-        cfg = with_calibration(cfg, sim_overrides)
-        check_keys(cfg, TOP_KEYS, "")
-        for key in TOP_KEYS:
-            if key not in cfg:
-                raise ValueError(f"{key}: missing")
-        policy = dict(cfg["policy"] or {})
+        keys = build(SimulateKeys, with_calibration(cfg, sim_overrides), "")
+        policy = dict(keys.policy)
         name = policy.pop("name", None)
         policy_class(name)  # unknown name -> "policy=X: unknown policy (known: ...)"
-        ctx = PlanContext(
-            batch_groups=_int("batch_groups", cfg["batch_groups"]),
-            group_size=_int("group_size", cfg["group_size"]),
-            max_staleness=_int("max_staleness", cfg["max_staleness"], optional=True),
-            total_steps=_int("steps", cfg["steps"]),
-        )
-        params = given_params(policy)
-        config = cls(name, params, ctx, _int("seed", cfg["seed"]), dict(cfg["workload"]), build(SimConfig, cfg["sim"], "sim"))
+        ctx = PlanContext(batch_groups=keys.batch_groups, group_size=keys.group_size,
+                          max_staleness=keys.max_staleness, total_steps=keys.steps)
+        config = cls(name, given_params(policy), ctx, keys.seed, dict(keys.workload), keys.sim)
         config.build_policy()  # validate native parameters now, not mid-sweep
         config.build_workload()
         return config

@@ -2,6 +2,7 @@
 runs them, each fault answered by one `error: ...` line naming the file or key, a non-zero exit
 status, no traceback, within a time bound (every run is a subprocess with a timeout).
 
+- a policy parameter of the wrong type (`policy.migrate=no`): the key, and no run dir;
 - a GGUF without its vocabulary or `llama.block_count`: the file and the key;
 - Ctrl-C at any moment of start-up: INTERRUPTED, exit status 130;
 - a read-only run dir: the dir (before Hydra writes `.hydra/` there);
@@ -58,6 +59,18 @@ def test_a_gguf_without_a_required_key_is_one_line_naming_the_file_and_the_key(t
     done, _ = _train(f"model.source={path}", f"hydra.run.dir={tmp_path / 'run'}")
     assert done.returncode == 1
     assert _one_error_line(done.stderr) == f"error: model.source={path}: no {key} in the GGUF metadata"
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["policy.migrate=no"], "error: policy.migrate='no': must be true or false"),
+    (["policy=nemo_windowed", "policy.sample_freshest_first=1"],
+     "error: policy.sample_freshest_first=1: must be true or false"),
+])
+def test_a_mistyped_policy_parameter_is_one_line_naming_it_and_leaves_no_run_dir(tmp_path, args, line):
+    done, _ = _train(*args, f"hydra.run.dir={tmp_path / 'run'}")
+    assert done.returncode == 1
+    assert _one_error_line(done.stderr) == line
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow

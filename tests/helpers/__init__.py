@@ -1,6 +1,7 @@
 """What several test modules share: drivers, fakes and run helpers (never tests themselves).
 
 - `conf_files.py`: reading conf/ files as written and as Hydra composes them.
+- `docstrings.py`: the fields a config dataclass's `Attributes:` section documents.
 - `train_runs.py`: composing conf/train.yaml and running a training job in-process.
 - `engines.py`: reading and comparing a generation engine's output stream.
 - `fake_vllm.py`: hand-written stand-ins for vLLM's `AsyncLLM` and its worker.

@@ -26,6 +26,6 @@ def test_a_parameter_not_given_takes_the_default_and_an_explicit_null_is_its_own
 
 
 def test_an_explicit_null_for_a_parameter_that_takes_none_is_a_one_line_error_naming_the_key():
-    with pytest.raises(ValueError, match=r"^policy\.target_offpolicy_steps=null: policy 'torchtitan_windowed_fifo' "
-                                         r"takes no null here \(leave it \?\?\? for its default\)$"):
+    with pytest.raises(ValueError, match=r"^policy\.target_offpolicy_steps=null: must be an integer "
+                                         r"\(leave it \?\?\? for its default\)$"):
         make_policy("torchtitan_windowed_fifo", CTX, {"target_offpolicy_steps": None})

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from jaxrl_async.tasks import TASKS, Task, TaskConfig, build_task, register_task
+from tests.helpers.docstrings import undocumented_fields
 
 
 def test_every_conf_task_yaml_builds_its_registered_task():
@@ -54,9 +55,22 @@ def test_a_failure_rate_outside_0_1_is_a_one_line_error_naming_the_key(rate):
     assert build_task({"name": "repeat_letter"}).cfg.max_reward_failure_rate == 0.5
 
 
-def test_the_deprecated_hung_cap_is_still_accepted_with_one_warning_and_changes_nothing(caplog):
-    task = build_task({"name": "repeat_letter", "reward_max_hung": 32})
-    assert task.cfg.reward_max_hung == 32
-    assert [r.message for r in caplog.records if "reward_max_hung" in r.message] == [
-        "task.reward_max_hung=32 is deprecated and ignored: a hung reward call is killed at "
-        "task.reward_timeout_s (tasks/reward_pool.py); drop the key"]
+def test_an_old_config_with_the_removed_hung_cap_gets_unknown_key():
+    with pytest.raises(ValueError, match=r"^task\.reward_max_hung: unknown key for task 'repeat_letter' \(known: "):
+        build_task({"name": "repeat_letter", "reward_max_hung": 32})
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("reward_timeout_s", "30", "task.reward_timeout_s='30': must be a number"),
+    ("reward_workers", True, "task.reward_workers=True: must be an integer"),
+    ("reward_fn", 3, "task.reward_fn=3: must be a string, or null"),
+    ("lengths", None, "task.lengths=null: must be a string (leave it ??? for its default)"),
+])
+def test_a_shared_task_key_of_the_wrong_type_is_refused_by_the_one_builder_naming_the_key(key, value, message):
+    with pytest.raises(ValueError) as info:
+        build_task({"name": "copy_string", key: value})
+    assert str(info.value) == message
+
+
+def test_every_shared_task_key_is_documented_in_the_attributes_section():
+    assert undocumented_fields(TaskConfig) == []

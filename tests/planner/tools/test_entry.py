@@ -45,7 +45,7 @@ def test_a_misspelt_group_option_names_the_nearest_and_every_option(tmp_path):
 
 def test_every_job_of_a_multirun_is_checked_before_the_first_runs(tmp_path):
     p = simulate("-m", "max_staleness=1,x", f"hydra.sweep.dir={tmp_path / 'sweep'}")
-    assert one_line(p) == "error: max_staleness='x': must be an integer or null"
+    assert one_line(p) == "error: max_staleness='x': must be an integer, or null"
     assert not (tmp_path / "sweep").exists()
 
 

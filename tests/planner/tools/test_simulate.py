@@ -8,8 +8,9 @@ import pytest
 
 from planner.run_files import SUMMARY_KEYS
 from planner.tools.audit import audit
-from planner.tools.simulate import SimulateConfig, calibration_mismatch
+from planner.tools.simulate import SimulateConfig, SimulateKeys, calibration_mismatch
 from tests.helpers import REPO
+from tests.helpers.docstrings import undocumented_fields
 
 
 @pytest.fixture
@@ -99,6 +100,11 @@ def base_config(**over):
     [
         ({"stepz": 3}, "stepz: unknown key"),
         ({"group_size": 1.5}, "group_size=1.5: must be an integer"),
+        ({"seed": "0"}, "seed='0': must be an integer"),
+        ({"max_staleness": True}, "max_staleness=True: must be an integer, or null"),
+        ({"steps": None}, "steps=null: must be an integer"),
+        ({"workload": "lognormal"}, "workload='lognormal': must be a mapping"),
+        ({"policy": {"name": "lookahead", "migrate": "no"}}, "policy.migrate='no': must be true or false"),
         ({"policy": {"name": "nemo_in_order", "nope": 1}}, "policy.nope: unknown parameter"),
         ({"sim": {"workers": {"sync_mode": "later"}}}, "sim.workers.sync_mode='later'"),
         ({"sim": {"admission_window": 0}}, "sim.admission_window=0: must be an int >= 1, or null for the default"),
@@ -108,6 +114,28 @@ def base_config(**over):
 def test_the_typed_config_rejects_unknown_keys_and_bad_values(over, message):
     with pytest.raises(ValueError, match=message.replace(".", r"\.")):
         SimulateConfig.from_mapping(base_config(**over))
+
+
+def test_a_missing_top_level_key_is_one_line_naming_it():
+    cfg = base_config()
+    del cfg["steps"]
+    with pytest.raises(ValueError, match=r"^steps: required key missing \(set steps=\.\.\.\)$"):
+        SimulateConfig.from_mapping(cfg)
+
+
+def test_the_top_level_keys_are_documented_in_their_dataclass():
+    assert undocumented_fields(SimulateKeys) == []
+
+
+@pytest.mark.parametrize(("arg", "message"), [
+    ("policy.migrate=no", "error: policy.migrate='no': must be true or false"),
+    ("policy.tail_fraction=yes", "error: policy.tail_fraction='yes': must be a number"),
+    ("seed=1.5", "error: seed=1.5: must be an integer"),
+])
+def test_simulate_refuses_a_mistyped_key_in_one_line_and_leaves_nothing_behind(tmp_path, arg, message):
+    p = cli("planner.simulate", "policy=lookahead", arg, f"hydra.run.dir={tmp_path / 'run'}")
+    assert p.returncode == 1 and p.stderr.strip() == message, p.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.slow
