@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from planner import configs
 from planner.base import PolicyBase
 
 # A native parameter that a config leaves to the policy: OmegaConf's "no value yet". conf/policy/*.yaml
 # lists every parameter with it, so that `policy.X=...` can override any of them, while an explicit
 # `policy.X=null` stays a value (docs/baselines.md: torchtitan's `window_fraction: null` = strict FIFO).
-NOT_GIVEN = "???"
+NOT_GIVEN = configs.MISSING
 
 POLICIES: dict[str, type[PolicyBase]] = {}
 
@@ -39,7 +40,7 @@ def given_params(params: Mapping[str, Any]) -> dict[str, Any]:
     those left `???` (NOT_GIVEN), which the policy fills with its defaults, derived from
     max_staleness where it says so (`PolicyBase.build`). The one rule both entry points apply
     (`planner.simulate`, `jaxrl_async.train`)."""
-    return {k: v for k, v in params.items() if not (isinstance(v, str) and v == NOT_GIVEN)}
+    return configs.given(params)
 
 
 def make_policy(name: str, ctx, overrides=None) -> PolicyBase:
