@@ -1,6 +1,6 @@
 """Hand-written stand-ins for Ray's actors, for the proxy's liveness logic without Ray.
 
-`FakeActors` has the methods `RayEngineProxy` asks of `cluster.ray.RayActors` (reserve, spawn,
+`FakeActors` has the methods `RayEngineProxy` asks of `cluster.ray.proxy.RayActors` (reserve, spawn,
 put, kill, release, is_death, cause). Each `FakeActor` answers `<method>.remote(*args)` with a
 coroutine, as a Ray ObjectRef is awaited. A request finishes one piece per sample at its next
 poll; `freeze()` is SIGSTOP: from then on no call of it ever answers, and Ray (here: the fake)
@@ -34,11 +34,12 @@ class FakeActor:
         self.version = 0
         self.queue: list[GenerationRequest] = []
         self.calls: list[str] = []  # method names, in the order they ran
+        self.critical: list[str] = []  # request ids marked critical, in order
         self.served = 0  # requests finished
 
     def __getattr__(self, name: str) -> _Method:
         if name.startswith("_") or name in ("index", "pid", "latency_s", "frozen", "killed", "version", "queue",
-                                            "calls", "served"):
+                                            "calls", "critical", "served"):
             raise AttributeError(name)
         return _Method(self, name)
 
@@ -63,6 +64,9 @@ class FakeActor:
 
     async def do_abort(self, request_id: str) -> None:
         self.queue = [r for r in self.queue if r.request_id != request_id]
+
+    async def do_mark_critical(self, request_id: str) -> None:
+        self.critical.append(request_id)
 
     async def do_update_weights(self, params: Any, version: int) -> None:
         self.version = version

@@ -21,7 +21,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-from jaxrl_async.cluster.ray import EngineSpec, RayClusterConfig, RayEngineProxy, connect  # noqa: E402
+from jaxrl_async.cluster.ray.actor import EngineSpec  # noqa: E402
+from jaxrl_async.cluster.ray.config import RayClusterConfig  # noqa: E402
+from jaxrl_async.cluster.ray.connect import connect  # noqa: E402
+from jaxrl_async.cluster.ray.proxy import RayEngineProxy  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")
 SPEC = EngineSpec("jax", {"num_slots": 4, "max_len": 64, "min_bucket": 16}, "tiny")
@@ -121,3 +124,30 @@ def test_two_workers_serve_requests_take_weights_and_a_killed_worker_loses_nothi
         return lost_calls
 
     asyncio.run(scenario())
+
+
+def test_a_critical_mark_reaches_the_ray_worker_that_holds_the_request_and_its_engine_drafts(cluster):
+    spec = EngineSpec("jax", {**SPEC.engine_config, "speculation": {
+        "when": "critical", "method": "draft", "draft_model": "layers:1", "tokens": 3}}, "tiny")
+
+    async def scenario():
+        proxy = RayEngineProxy(spec, RayClusterConfig(address=ADDRESS, num_workers=1, cpus_per_worker=0.5),
+                               on_lost=lambda ids: None, poll_s=0.2)
+        await proxy.start()
+        try:
+            await proxy.submit(_request("a", n=1, max_new_tokens=32))
+            await proxy.mark_critical("a")
+            done = 0
+            async for out in proxy.outputs():
+                done += out.done
+                if done:
+                    break
+            await asyncio.sleep(0.5)  # a heartbeat brings the worker's counters
+            (worker,) = proxy.workers
+            return worker.stats.extra["counters"], proxy.deadlines.p99("mark_critical")
+        finally:
+            await proxy.stop()
+
+    counters, answered_s = asyncio.run(scenario())
+    assert answered_s is not None  # the actor answered the mark
+    assert counters.get("drafted", 0) > 0  # when=critical: only a marked request drafts
