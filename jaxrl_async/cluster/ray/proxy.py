@@ -14,9 +14,13 @@
 `RayActors` is everything the proxy asks of Ray; tests hand the proxy a fake with the same
 methods (tests/helpers/fake_ray.py).
 
-Left out: `migrate` (moving a running request's prefix to another worker): the proxy keeps
-`GenerationEngine`'s answer, "nothing moved", and the job refuses `policy.migrate=true` under this
-cluster at start-up (`ClusterFacts.migrates`, cluster/config.py), so it is never silent.
+Left out: `migrate` (moving a running request's prefix to another worker). It would need what
+`ReplicatedEngine` does in-process (engines/replicated.py): the source's last pieces read before
+the target's first, aborts and marks that arrive mid-move sent on, and moves excluded from weight
+pushes so that a sample's versions never go down — across processes whose answers race. The
+proxy keeps `GenerationEngine`'s answer, "nothing moved", and the job refuses
+`policy.migrate=true` under this cluster at start-up (`ClusterFacts.migrates`, cluster/config.py),
+so it is never silent.
 """
 
 from __future__ import annotations
