@@ -4,18 +4,39 @@
 builds it from the engine registry (usable in-process too); `EngineActor` runs it on the actor's
 own event loop. The proxy (proxy.py) wraps `EngineActor` with `ray.remote`, one per bundle, and
 calls only the methods below: `start`, `submit`, `abort`, `mark_critical`, `update_weights`,
-`poll` (outputs and stats together: the heartbeat), `stop`. This module does not import ray:
-an actor is a plain object that Ray hosts, and tests run it in-process (tests/helpers/fake_ray.py).
+`poll` (outputs, stats and timings together: the heartbeat, a `PollAnswer`), `stop`. This module
+does not import ray: an actor is a plain object that Ray hosts, and tests run it in-process.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from jaxrl_async.engines.base import EngineStats, GenerationEngine, GenerationRequest, SampleOutput
+from jaxrl_async.engines.base import EngineStats, EngineTiming, GenerationEngine, GenerationRequest, SampleOutput
 from planner.configs import check
+
+
+@dataclass(frozen=True)
+class PollAnswer:
+    """What one poll brings the proxy (the worker's heartbeat).
+
+    Attributes:
+      outputs: the engine's pieces since the last poll, in the order it delivered them.
+      stats: the engine's stats at the answer.
+      timings: the engine's timed work since the last poll (`GenerationEngine.timings()`: decode
+        iterations with their drafted and accepted tokens, weight loads), stamped with this
+        worker's `time.monotonic()`.
+      clock: this worker's `time.monotonic()` at the answer: the proxy moves `timings` onto its
+        own clock with it (a monotonic clock on another node has another origin).
+    """
+
+    outputs: list[SampleOutput]
+    stats: EngineStats
+    timings: list[EngineTiming]
+    clock: float
 
 
 @dataclass(frozen=True)
@@ -103,9 +124,10 @@ class EngineActor:
     async def stats(self) -> EngineStats:
         return await self.engine.stats()
 
-    async def poll(self, timeout: float) -> tuple[list[SampleOutput], EngineStats]:
-        """The outputs since the last poll (waits up to `timeout` s for the first one) and the
-        engine's stats: the heartbeat carries them, so the proxy never asks a worker for stats."""
+    async def poll(self, timeout: float) -> PollAnswer:
+        """The outputs since the last poll (waits up to `timeout` s for the first one), the
+        engine's stats and its timings: the heartbeat carries them, so the proxy never asks a
+        worker for stats, and a run under Ray traces (and counts drafts) as one in-process does."""
         if not self._pending and self._error is None:
             try:
                 await asyncio.wait_for(self._ready.wait(), timeout)
@@ -115,7 +137,7 @@ class EngineActor:
             raise self._error
         out, self._pending = self._pending, []
         self._ready.clear()
-        return out, await self.engine.stats()
+        return PollAnswer(out, await self.engine.stats(), self.engine.timings(), time.monotonic())
 
     async def stop(self) -> None:
         await self.engine.stop()

@@ -4,7 +4,8 @@
   stays there; `abort` and `mark_critical` follow it to that worker (`worker_of`), each sent
   after the request's own submit was answered (an async actor may otherwise run it first).
 - Outputs: one long poll per worker at a time, merged into one stream; a poll is also the
-  worker's heartbeat and brings its stats, so `stats()` never calls a worker.
+  worker's heartbeat and brings its stats, so `stats()` never calls a worker, and its timings,
+  moved onto the driver's clock, so `timings()` feeds the run's trace and its draft counts.
 - Weights: `ray.put` once, every worker fetches them; a worker still behind gets no new request
   until it holds the newest weights (the start barrier).
 - Faults and liveness: see the package docstring (cluster/ray/__init__.py): a worker that died or
@@ -26,6 +27,7 @@ so it is never silent.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -36,8 +38,9 @@ from jaxrl_async.cluster.deadlines import RpcDeadlines
 from jaxrl_async.cluster.ray.actor import EngineActor, EngineSpec
 from jaxrl_async.cluster.ray.config import RayClusterConfig
 from jaxrl_async.cluster.ray.connect import connect
-from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, check_new_request_id, least_loaded, read_outputs)
+from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
+                                      GenerationRequest, SampleOutput, check_new_request_id, least_loaded,
+                                      read_outputs)
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +146,7 @@ class RayEngineProxy(GenerationEngine):
         self._owner: dict[str, _Worker] = {}  # request id -> worker holding it
         self._samples_left: dict[str, int] = {}
         self._out: asyncio.Queue = asyncio.Queue()
+        self._timings: list[EngineTiming] = []  # the workers' timings not yet read, on this clock
         self._tasks: list[asyncio.Task] = []
         self._latest: tuple[Any, int] | None = None  # (params ref, version) for replacements
         self._version = 0  # the newest version update_weights returned for
@@ -193,11 +197,15 @@ class RayEngineProxy(GenerationEngine):
 
     async def _read(self, worker: _Worker) -> None:
         """The worker's output stream, one long poll at a time; a poll is also its heartbeat and
-        brings its stats, so `stats()` never waits on a worker."""
+        brings its stats, so `stats()` never waits on a worker, and its timings."""
         try:
             while worker.alive:
-                outputs, worker.stats = await self._call(worker, "poll", self.poll_s, wait_s=self.poll_s)
-                for out in outputs:
+                answer = await self._call(worker, "poll", self.poll_s, wait_s=self.poll_s)
+                worker.stats = answer.stats
+                # The worker's clock onto this process's: late by the answer's transit time at most.
+                shift = time.monotonic() - answer.clock
+                self._timings += [dataclasses.replace(t, worker=worker.index, t=t.t + shift) for t in answer.timings]
+                for out in answer.outputs:
                     if out.done:
                         self._samples_left[out.request_id] -= 1
                         if not self._samples_left[out.request_id]:
@@ -411,6 +419,12 @@ class RayEngineProxy(GenerationEngine):
 
     def outputs(self) -> AsyncIterator[SampleOutput]:
         return read_outputs(self._out)
+
+    def timings(self) -> list[EngineTiming]:
+        """The workers' timed work since the last call, oldest first, each tagged with its
+        worker's index and moved onto this process's monotonic clock (`PollAnswer.clock`)."""
+        out, self._timings = sorted(self._timings, key=lambda t: t.t), []
+        return out
 
     def worker_of(self, request_id: str) -> int:
         worker = self._owner.get(request_id)

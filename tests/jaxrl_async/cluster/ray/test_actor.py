@@ -11,7 +11,7 @@ from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 SPECULATE_CRITICAL = {"when": "critical", "method": "draft", "draft_model": "layers:1", "tokens": 3}
 
 
-def test_an_actor_forwards_a_critical_mark_to_its_engine_which_speculates_only_that_request():
+def test_an_actor_forwards_a_critical_mark_to_its_engine_whose_drafts_its_polls_report():
     spec = EngineSpec("jax", {"num_slots": 4, "max_len": 64, "min_bucket": 16, "speculation": SPECULATE_CRITICAL},
                       "tiny")
     requests = [GenerationRequest(rid, [1, 2, 3], SamplingParams(24, temperature=0.0)) for rid in ("a", "b")]
@@ -25,13 +25,15 @@ def test_an_actor_forwards_a_critical_mark_to_its_engine_which_speculates_only_t
         await actor.mark_critical("unknown")  # ignored, as the engine ignores it
         tokens: dict[str, list[int]] = {"a": [], "b": []}
         finished: set[str] = set()
+        timings = []
         while len(finished) < 2:
-            outputs, _ = await asyncio.wait_for(actor.poll(1.0), 300)
-            for out in outputs:
+            answer = await asyncio.wait_for(actor.poll(1.0), 300)
+            timings += answer.timings  # the poll carries the engine's timings (the proxy traces them)
+            for out in answer.outputs:
                 tokens[out.request_id] += out.token_ids
                 if out.done:
                     finished.add(out.request_id)
-        timings = actor.engine.timings()
+        timings += (await actor.poll(0.0)).timings
         await actor.stop()
         return tokens, timings
 

@@ -200,3 +200,23 @@ def test_a_critical_mark_goes_to_the_worker_that_holds_the_request_after_its_sub
         actor = actors[index]
         assert actor.critical == [rid]  # only the owner got it, once
         assert actor.calls.index("submit") < actor.calls.index("mark_critical")
+
+
+def test_the_workers_timings_reach_the_run_tagged_by_worker_and_on_the_drivers_clock():
+    async def scenario():
+        actors = FakeActors(clock_offset_s=1e6)  # another node's monotonic clock
+        proxy = await _started(actors, [])
+        t0 = time.monotonic()
+        for i in range(6):
+            await proxy.submit(_request(f"r{i}"))
+        await asyncio.sleep(0.3)
+        timings, again = proxy.timings(), proxy.timings()
+        t1 = time.monotonic()
+        await proxy.stop()
+        return t0, t1, timings, again
+
+    t0, t1, timings, again = asyncio.run(scenario())
+    assert sum(t.tokens for t in timings) == 12 and again == []  # 6 requests x 2 samples, read once
+    assert {t.worker for t in timings} == {0, 1}
+    assert all(t0 - 0.01 < t.t < t1 for t in timings), [t.t for t in timings]  # not 1e6 s away
+    assert [t.t for t in timings] == sorted(t.t for t in timings)
