@@ -44,7 +44,8 @@ FIRST_PARTY = {"planner", "jaxrl_async", "launch", "tests", "benchmarks"}
 
 # The files that only an extra's feature runs into, and that extra.
 FEATURE_FILES = {
-    "jaxrl_async/cluster/ray.py": "ray",
+    "jaxrl_async/cluster/ray/connect.py": "ray",
+    "jaxrl_async/cluster/ray/proxy.py": "ray",
     "jaxrl_async/engines/vllm/compat.py": "vllm",
     "jaxrl_async/engines/vllm/engine.py": "vllm",
     "jaxrl_async/engines/vllm/weights.py": "vllm",
@@ -104,7 +105,7 @@ def third_party_imports(path: Path, root: Path = REPO) -> list[Import]:
 
     In a folder of scripts (no __init__.py: benchmarks/) a module beside the file is first-party,
     because a script's folder is on sys.path. Inside a package it is not: `import ray` in
-    jaxrl_async/cluster/ray.py is the ray distribution.
+    jaxrl_async/cluster/ray/connect.py is the ray distribution.
     """
     tree = ast.parse(path.read_text(), filename=str(path))
     is_package = (path.parent / "__init__.py").exists()

@@ -50,3 +50,23 @@ def test_only_the_command_shims_import_the_command_lines():
     commands = ("jaxrl_async.cli.eval", "jaxrl_async.cli.generate", "jaxrl_async.cli.train")
     shared = [REPO / "jaxrl_async" / "cli" / name for name in ("common.py", "config_nodes.py")]
     assert [(p.name, name) for p in shared for name in imports(p) if name in commands] == []
+
+
+# Config modules that typing a config (and `--help`) imports: none may pull in a heavy package.
+# Read from a fresh interpreter's sys.modules, so an import made by anything they import counts.
+RAY_CONFIGS = ("jaxrl_async.cluster.ray.config", "jaxrl_async.cluster.config")
+HEAVY = ("jax", "jaxlib", "flax", "optax", "ray", "vllm", "torch")
+
+
+def test_the_cluster_configs_import_no_jax_flax_ray_vllm_or_torch():
+    import os
+    import subprocess
+    import sys
+
+    probe = ("import importlib, sys; importlib.import_module(sys.argv[1]); "
+             "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for module in RAY_CONFIGS:
+        loaded = subprocess.run([sys.executable, "-c", probe, module], cwd=REPO, env=env, capture_output=True,
+                                text=True, check=True).stdout.split()
+        assert sorted(set(loaded) & set(HEAVY)) == [], f"importing {module} imports them"

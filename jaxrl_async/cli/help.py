@@ -19,7 +19,7 @@ HELP_NODES = {
     "engine/jax": "jaxrl_async.engines.jax.core:EngineConfig",
     "engine/vllm": "jaxrl_async.engines.vllm.engine:VllmEngineConfig",
     "cluster/local": "jaxrl_async.cluster.config:ProcessConfig",
-    "cluster/ray": "jaxrl_async.cluster.ray:RayClusterConfig",
+    "cluster/ray": "jaxrl_async.cluster.ray.config:RayClusterConfig",
     "cluster/slurm": "jaxrl_async.cluster.config:ProcessConfig",
     "task/arithmetic": "jaxrl_async.tasks.arithmetic:ArithmeticConfig",
     "task/custom": "jaxrl_async.tasks.custom:CustomConfig",

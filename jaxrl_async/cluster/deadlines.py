@@ -1,8 +1,8 @@
 """`RpcDeadlines`: how long a Ray generation worker may take to answer a call, per call kind.
 
 A worker is declared lost when one of its own calls misses its deadline; the other workers'
-calls are never waited for together with it (cluster/ray.py). The deadline follows what the run
-observes: per kind (`poll`, `submit`, `abort`, `update_weights`, `stop`) the latest
+calls are never waited for together with it (cluster/ray/proxy.py). The deadline follows what the run
+observes: per kind (`poll`, `submit`, `abort`, `mark_critical`, `update_weights`, `stop`) the latest
 `window` answer times, and
 
     timeout = clamp(factor x p99(observed), floor_s, ceiling_s)
@@ -26,7 +26,7 @@ from collections import deque
 
 from planner.configs import check
 
-KINDS = ("poll", "submit", "abort", "update_weights", "stop")
+KINDS = ("poll", "submit", "abort", "mark_critical", "update_weights", "stop")
 
 
 class RpcDeadlines:

@@ -281,7 +281,7 @@ class GenerationEngine(abc.ABC):
 
     def timings(self) -> list[EngineTiming]:
         """The work timed since the last call, oldest first (the run's timing trace). An engine
-        that cannot time its iterations (vLLM's own processes, Ray workers) returns []."""
+        that cannot time its iterations (vLLM's own processes) returns []."""
         return []
 
     def worker_of(self, request_id: str) -> int:

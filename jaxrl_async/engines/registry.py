@@ -7,7 +7,7 @@ places itself — so nothing outside this file asks a config for a field by name
 backend's name; `EngineEntry.placement` plans the devices of the engines this process builds;
 `build_engine` makes a backend's engine for a loaded model — in the trainer's process
 (job/build.py `make_generation_engine`, which gives every replica its own copy of the model and
-its own mesh) and in a Ray worker (`cluster/ray.py build_engine`, one replica per worker).
+its own mesh) and in a Ray worker (`cluster/ray/actor.py build_engine`, one replica per worker).
 
 To add a backend: its `GenerationEngine` (`engines/<name>/engine.py`) and config dataclass (with
 `name: ClassVar[str] = "<name>"`), a facts function `(config) -> EngineFacts`, a builder

@@ -5,7 +5,7 @@ level keys are `RunConfig`'s); `typed_config` turns the composed tree into typed
 and every problem is a one-line ValueError naming the dotted key the user typed. Choosing
 `engine=NAME` chooses the backend's config class (each carries its `name`), and what the run
 needs of a backend or of a cluster mode is what their registries state (engines/registry.py
-`EngineFacts`, cluster/config.py `ClusterConfig`): nothing here branches on either name.
+`EngineFacts`, cluster/config.py `ClusterFacts`): nothing here branches on either name.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from jaxrl_async.cluster.config import CLUSTER_MODES, ClusterConfig, cluster_config
+from jaxrl_async.cluster.config import ClusterConfig, cluster_config
 from jaxrl_async.engines.registry import AnyEngineConfig, EngineEntry, EngineFacts, engine_config, entry_of
 from jaxrl_async.models.loading import ModelSpec
 from jaxrl_async.runtime.config import RunConfig
@@ -59,12 +59,12 @@ class TrainSetup:
     def engine_in_process(self) -> bool:
         """The trainer's process builds (and, unless it places itself, places) the engine;
         False: the cluster's workers run it."""
-        return self.cluster.engine_workers is None
+        return self.cluster.facts.engine_workers is None
 
     @property
     def engine_workers(self) -> int:
         """Engines the run feeds: the cluster's workers, or the replicas built in-process."""
-        workers = self.cluster.engine_workers
+        workers = self.cluster.facts.engine_workers
         return self.engine_facts.replicas if workers is None else workers
 
 
@@ -85,18 +85,24 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         raise ValueError(f"policy.name={name!r}: every conf/policy/*.yaml names its policy")
     overrides = given_params(policy)  # ??? in conf/policy: not given (the default); null is a value
     # Built once here so that an unknown policy or a bad native parameter fails at start-up.
-    make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps), overrides)
+    policy_object = make_policy(name, PlanContext(run.batch_groups, run.group_size, run.max_staleness, run.steps),
+                                overrides)
     engine_values = groups["engine"]
     engine = engine_config(engine_values.pop("name", "jax"), engine_values)
     entry, facts = entry_of(engine), entry_of(engine).facts(engine)
     if entry.package is not None:
         _require_package(entry.package, f"engine={engine.name}", entry.install)
-    mode = CLUSTER_MODES[cluster.name]
+    mode, where = cluster.entry, cluster.facts
     if mode.package is not None:
         _require_package(mode.package, f"cluster={cluster.name}", mode.install)
-    if cluster.engine_workers is not None and facts.replicas != 1:
+    if where.engine_workers is not None and facts.replicas != 1:
         raise ValueError(f"engine.replicas={facts.replicas}: with cluster={cluster.name} every worker is one "
-                         "replica; set cluster.num_workers instead")
+                         f"replica; set cluster.{where.workers_key} instead")
+    # Read from the typed parameters (a policy without the parameter never asks to migrate).
+    if getattr(policy_object.params, "migrate", False) and not where.migrates:
+        raise ValueError(f"policy.migrate=true: cluster={cluster.name} cannot move a running request between "
+                         "its engine workers; set policy.migrate=false (or run the replicas in-process: "
+                         "cluster=local engine.replicas=2)")
     if facts.slots < run.group_size:
         raise ValueError(f"engine.{facts.slots_key}={facts.slots}: must be >= group_size={run.group_size} "
                          "(a group's samples are decoded together)")

@@ -24,7 +24,7 @@ staleness conservative, and the planner's "step k trains on v_k" stays exact. Th
 only published versions and never goes back, so the policy's admission version (the synced
 version) is a lower bound of every token's version — the premise of docs/design.md §2.
 
-Faults: an engine that loses requests (a Ray generation worker died, cluster/ray.py) reports
+Faults: an engine that loses requests (a Ray generation worker died, cluster/ray/proxy.py) reports
 their ids to `on_requests_lost`; each still-generating group goes through the planner's fault
 path, `on_group_lost(prefix_kept=False)`: its collected pieces are discarded and the returned
 re-admission (a new request id, with its start barrier `Admission.version`) is submitted, so the

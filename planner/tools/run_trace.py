@@ -41,7 +41,7 @@ round((tokens − accepted) / steps): speculating and plain lines at the same co
 Iterations whose midpoint falls inside a trainer step (batch handed over -> version published) are
 kept apart too (`train`): on a colocated engine they share the devices with the step, and their
 ratio to the others is what `planner.calibrate` fits `sim.workers.colocated_slowdown` to.
-Engines that report no timings (vLLM, Ray workers) leave out `load` and `decode`.
+Engines that report no timings (vLLM, also in Ray workers) leave out `load` and `decode`.
 
 Durability is the ledger's (planner/ledger.py): lines are buffered, flushed at every step end
 with the ledger, a resume cuts the file back to the checkpoint's recorded length, and a torn last

@@ -134,8 +134,8 @@ def test_a_stopped_generation_worker_is_found_by_its_rpc_timeout_replaced_and_co
     timeouts = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
     assert any(f"(pid {pid}) did not answer" in m and "within" in m for m in timeouts), timeouts
     # Out of service at once; its replacement loads and compiles a model, which may outlast this
-    # short run on a loaded machine, so only its start is certain here (cluster/test_ray.py sees
-    # a replacement serve after a kill).
+    # short run on a loaded machine, so only its start is certain here
+    # (cluster/ray/test_proxy_ray.py sees a replacement serve after a kill).
     assert not any(w.alive for w in proxy.workers if w.pid == pid), "the stopped worker is still in service"
     assert any(f"(pid {pid})" in m and "a replacement starts" in m for m in timeouts), timeouts
     ledger = read_jsonl(tmp_path / "ledger.jsonl")

@@ -7,8 +7,7 @@ what it changes is listed here with the reason the file gives, and every key is 
 
 import pytest
 
-from jaxrl_async.cluster.config import CLUSTER_MODES, ClusterConfig
-from jaxrl_async.cluster.distributed import DistributedConfig
+from jaxrl_async.cluster.config import CLUSTER_MODES, ClusterConfig, ProcessConfig
 from jaxrl_async.cli.config_nodes import config_nodes, register_config_nodes
 from jaxrl_async.engines.jax.core import EngineConfig
 from jaxrl_async.engines.registry import ENGINES
@@ -45,7 +44,7 @@ def test_the_default_command_line_builds_the_dataclass_defaults_but_the_embedded
     assert setup.trainer == TrainerConfig(optim=OptimConfig(lr=5e-3, total_steps=250, min_lr_ratio=0.3))
     # conf/engine/jax.yaml: one step's batch decodes at once, in a KV cache sized for the demo.
     assert setup.engine_name == "jax" and setup.engine == EngineConfig(num_slots=64, max_len=128)
-    assert setup.cluster == ClusterConfig("local", DistributedConfig())
+    assert setup.cluster == ClusterConfig("local", ProcessConfig())
     assert setup.model == ModelSpec("tiny", "float32")
     assert build(RepeatLetterConfig, {k: v for k, v in setup.task.items() if k != "name"}, "task") == \
         RepeatLetterConfig()

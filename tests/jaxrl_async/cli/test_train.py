@@ -29,6 +29,15 @@ def test_a_misspelt_key_is_one_line_with_the_nearest_key_and_leaves_no_run_dir(t
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
+def test_migration_under_ray_is_refused_in_one_line_before_any_run_dir(tmp_path):
+    proc = train(tmp_path, "cluster=ray", "policy.migrate=true")
+    assert proc.returncode == 1
+    assert proc.stderr.startswith("error: policy.migrate=true: cluster=ray cannot move a running request"), proc.stderr
+    assert proc.stderr.count("\n") == 1
+    assert not (tmp_path / "run").exists()
+
+
 def help_of(*args: str) -> tuple[str, float]:
     started = time.monotonic()
     p = subprocess.run([sys.executable, "-m", "jaxrl_async.train", *args, "--help"], cwd=REPO, capture_output=True,
@@ -92,12 +101,13 @@ def test_the_default_config_is_the_embedded_setup():
 @pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
 def test_the_ray_cluster_group_is_typed():
     ray = typed_config(compose_train(["cluster=ray", "cluster.num_workers=3"])).cluster
-    assert ray.name == "ray" and ray.ray.num_workers == 3 and ray.distributed.mode == "auto"
+    assert ray.name == "ray" and ray.mode.num_workers == 3 and ray.distributed.mode == "auto"
+    assert ray.facts.engine_workers == 3
 
 
 def test_the_slurm_cluster_group_is_typed():
     slurm = typed_config(compose_train(["cluster=slurm"])).cluster
-    assert slurm.ray is None and slurm.distributed.mode == "slurm" and slurm.distributed.port == 8476
+    assert slurm.facts.engine_workers is None and slurm.distributed.mode == "slurm" and slurm.distributed.port == 8476
 
 
 @pytest.mark.parametrize("override, message", [

@@ -4,6 +4,7 @@ registries state — a third backend registered here runs a whole job without a 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 import typing
@@ -15,8 +16,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from jaxrl_async.cluster.config import ClusterConfig
-from jaxrl_async.cluster.distributed import DistributedConfig
-from jaxrl_async.cluster.ray import RayClusterConfig
+from jaxrl_async.cluster.ray.config import RayClusterConfig
 from jaxrl_async.engines.jax.core import EngineConfig
 from jaxrl_async.engines.registry import ENGINES, EngineEntry, EngineFacts, register_engine
 from jaxrl_async.engines.vllm.engine import VllmEngineConfig
@@ -68,13 +68,24 @@ def test_the_default_run_reads_its_trace_and_placement_facts_from_the_jax_entry(
 
 def test_a_cluster_that_runs_the_engine_workers_states_their_count_and_places_nothing_of_the_engine():
     setup = typed_config(compose_train(["engine.replicas=1"]))
-    ray = dataclasses.replace(setup, cluster=ClusterConfig("ray", DistributedConfig(), RayClusterConfig(num_workers=3)))
+    ray = dataclasses.replace(setup, cluster=ClusterConfig("ray", RayClusterConfig(num_workers=3)))
     assert (setup.engine_workers, setup.engine_in_process) == (1, True)
     assert (ray.engine_workers, ray.engine_in_process) == (3, False)
     placement = plan_run_placement(ray)
     meta = trace_meta(ray, placement)
     assert (meta["workers"], meta["slots"], meta["colocated"]) == (3, 64, False)
     assert placement_summary(ray, placement)["engine"] == {"backend": "ray/jax", "replicas": 3}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ray") is None, reason="ray is not installed (pip install -e '.[ray]')")
+def test_migration_is_refused_at_start_up_where_the_cluster_cannot_move_a_request():
+    with pytest.raises(ValueError) as info:
+        typed_config(compose_train(["cluster=ray", "policy.migrate=true"]))
+    assert str(info.value).startswith("policy.migrate=true: cluster=ray cannot move a running request between "
+                                      "its engine workers; set policy.migrate=false"), info.value
+    assert "\n" not in str(info.value)
+    assert typed_config(compose_train(["cluster=ray", "policy.migrate=false"])).cluster.name == "ray"
+    assert typed_config(compose_train(["policy.migrate=true"])).cluster.name == "local"  # in-process replicas move
 
 
 def test_a_backend_that_places_itself_is_summarized_by_its_own_facts():

@@ -1,273 +1,48 @@
-"""`cluster=ray`: generation engines (JAX or vLLM) as Ray actors behind one `GenerationEngine`.
+"""`RayEngineProxy`: the Ray actors (actor.py) behind one `GenerationEngine`, in the driver.
 
-    runtime ──GenerationEngine──► RayEngineProxy ──► EngineActor × num_workers (one per bundle)
-                                                     └─ JaxEngine | VllmEngine, own process/GPUs
+- Routing: a request goes to the live worker with the fewest live requests (`least_loaded`) and
+  stays there; `abort` and `mark_critical` follow it to that worker (`worker_of`), each sent
+  after the request's own submit was answered (an async actor may otherwise run it first).
+- Outputs: one long poll per worker at a time, merged into one stream; a poll is also the
+  worker's heartbeat and brings its stats, so `stats()` never calls a worker, and its timings,
+  moved onto the driver's clock, so `timings()` feeds the run's trace and its draft counts.
+- Weights: `ray.put` once, every worker fetches them; a worker still behind gets no new request
+  until it holds the newest weights (the start barrier).
+- Faults and liveness: see the package docstring (cluster/ray/__init__.py): a worker that died or
+  missed its own deadline (cluster/deadlines.py) is killed, its requests go to `on_lost`, and a
+  replacement takes its bundle.
 
-- `connect(cfg)` joins the cluster (one-line error when the address is unreachable) and checks
-  that it has the GPUs asked for; `RayEngineProxy` reserves one placement-group bundle per worker
-  (`gpus_per_worker` GPUs + `cpus_per_worker` CPUs, PACK or SPREAD), so workers never share GPUs.
-- Each actor builds its engine from an `EngineSpec` (engine name, its config, model source) and
-  runs it on the actor's own event loop. The proxy routes a request to the live worker with the
-  fewest live requests, merges the workers' output streams (long polls), and broadcasts weight
-  updates: the params are `ray.put` once, every worker fetches them.
-- **Faults**: when a worker dies (its process killed, its node lost), every request it held is
-  handed to `on_lost(request_ids)` — the runtime calls the planner's fault path
-  (`policy.on_group_lost(uid, prefix_kept=False)`) and resubmits, so nothing is lost and the
-  re-admission keeps the staleness bound (docs/design.md §2). With `restart_lost` a replacement worker is
-  started (and given the newest weights) in the freed bundle. Without `on_lost` the loss is a
-  one-line error on the output stream: silently dropping groups would break no-drop.
-- **Liveness, per worker**: every call to a worker (`poll`, `submit`, `abort`, `update_weights`,
-  `stop`) has its own deadline (cluster/deadlines.py: clamp(20 x p99 of that kind's observed
-  answer times, `rpc_timeout_floor_s`, `rpc_timeout_ceiling_s`), or the fixed `rpc_timeout_s`;
-  a poll: its own wait plus that), and no call waits on all workers together, so one stopped
-  worker never holds up the others: `stats()` reads what each worker's latest poll brought,
-  `submit` / `abort` return once sent (a task awaits the answer), and `update_weights` waits for
-  a worker that does not answer only 3x the first answer time (at least 1 s); a worker still
-  behind gets no new request until it holds the new weights (the start barrier). A worker that
-  misses its deadline — a hung or SIGSTOPped process, which Ray still reports alive — is treated
-  as dead: it is `ray.kill`ed, its requests go to `on_lost` and a replacement takes its bundle,
-  as above, with one warning line. The poll, every `poll_s`, is the heartbeat: a stopped worker
-  is found within `poll_s` plus its poll deadline (~10 s) even when the runtime sends it nothing.
-- `connect` runs `ray.init` under a deadline (`init_timeout_s`): Ray's own retries have none.
+`RayActors` is everything the proxy asks of Ray; tests hand the proxy a fake with the same
+methods (tests/helpers/fake_ray.py).
 
-Left out: autoscaling, and moving in-flight prefixes between workers (lost requests restart).
+Left out: `migrate` (moving a running request's prefix to another worker). It would need what
+`ReplicatedEngine` does in-process (engines/replicated.py): the source's last pieces read before
+the target's first, aborts and marks that arrive mid-move sent on, and moves excluded from weight
+pushes so that a sample's versions never go down — across processes whose answers race. The
+proxy keeps `GenerationEngine`'s answer, "nothing moved", and the job refuses
+`policy.migrate=true` under this cluster at start-up (`ClusterFacts.migrates`, cluster/config.py),
+so it is never silent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from jaxrl_async.cluster.deadlines import RpcDeadlines
-from jaxrl_async.cluster.distributed import DistributedConfig
-from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
-                                      SampleOutput, check_new_request_id, least_loaded, read_outputs)
-from planner.configs import check
+from jaxrl_async.cluster.ray.actor import EngineActor, EngineSpec
+from jaxrl_async.cluster.ray.config import RayClusterConfig
+from jaxrl_async.cluster.ray.connect import connect
+from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
+                                      GenerationRequest, SampleOutput, check_new_request_id, least_loaded,
+                                      read_outputs)
 
-STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RayClusterConfig:
-    """`conf/cluster/ray.yaml`.
-
-    Attributes:
-      address: Ray cluster address ("auto": the cluster this machine joined with `ray start`;
-        "local": start a private one in this process; "HOST:6379" or "ray://HOST:10001").
-      num_workers: generation workers (one engine each).
-      gpus_per_worker: GPUs reserved per worker (vLLM: its tensor_parallel_size; 0 on CPU).
-      cpus_per_worker: CPUs reserved per worker.
-      strategy: placement-group strategy for the worker bundles.
-      restart_lost: start a replacement worker when one dies.
-      placement_timeout_s: how long to wait for the bundles before failing.
-      rpc_timeout_s: an explicit deadline (s) for every call to a worker, replacing the adaptive
-        one; None (the default): each call kind's deadline is clamp(20 x p99 of its observed
-        answer times, rpc_timeout_floor_s, rpc_timeout_ceiling_s) (cluster/deadlines.py). A worker
-        that misses its own deadline is treated as dead, killed and replaced.
-      rpc_timeout_floor_s: the adaptive deadline's floor: a stopped worker is found about this
-        long (plus a poll) after its last answer.
-      rpc_timeout_ceiling_s: the adaptive deadline's ceiling, and the deadline of a call kind
-        not answered yet (the first weight push of a large model may be slow).
-      init_timeout_s: how long joining the cluster (`ray.init`) may take before the run fails
-        with a one-line error naming the usual fix.
-      distributed: multi-host JAX for the trainer (`cluster.distributed.*`, see distributed.py).
-    """
-
-    address: str = "auto"
-    num_workers: int = 1
-    gpus_per_worker: float = 0
-    cpus_per_worker: float = 1
-    strategy: str = "PACK"
-    restart_lost: bool = True
-    placement_timeout_s: float = 60
-    rpc_timeout_s: float | None = None
-    rpc_timeout_floor_s: float = 10
-    rpc_timeout_ceiling_s: float = 120
-    init_timeout_s: float = 60
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
-
-    def __post_init__(self) -> None:
-        check(self.num_workers >= 1, "cluster.num_workers", self.num_workers, "must be >= 1")
-        for name in ("gpus_per_worker", "cpus_per_worker"):
-            check(getattr(self, name) >= 0, f"cluster.{name}", getattr(self, name), "must be >= 0")
-        check(self.strategy in STRATEGIES, "cluster.strategy", self.strategy, f"must be one of {STRATEGIES}")
-        for name in ("placement_timeout_s", "rpc_timeout_s", "rpc_timeout_floor_s", "rpc_timeout_ceiling_s",
-                     "init_timeout_s"):
-            value = getattr(self, name)
-            check(value is None and name == "rpc_timeout_s" or value is not None and value > 0,
-                  f"cluster.{name}", value, "must be > 0 (seconds)")
-        check(self.rpc_timeout_floor_s <= self.rpc_timeout_ceiling_s, "cluster.rpc_timeout_floor_s",
-              self.rpc_timeout_floor_s, f"must be <= cluster.rpc_timeout_ceiling_s={self.rpc_timeout_ceiling_s}")
-
-
-@dataclass(frozen=True)
-class EngineSpec:
-    """What a worker builds: `engine`, a name in the engine registry, its config (the `engine.`
-    keys without `name`), and the model (`models.loading.load_model` source + dtype)."""
-
-    engine: str
-    engine_config: dict
-    model_source: str
-    dtype: str | None = None
-
-    def __post_init__(self) -> None:
-        from jaxrl_async.engines.registry import ENGINES
-
-        check(self.engine in ENGINES, "engine.name", self.engine, f"Ray workers run one of {tuple(ENGINES)}")
-
-
-def build_engine(spec: EngineSpec) -> GenerationEngine:
-    """The engine a worker runs, from the engine registry (also usable in-process)."""
-    from jaxrl_async.engines import registry
-    from jaxrl_async.models.loading import load_model
-
-    loaded = load_model(spec.model_source, dtype=spec.dtype)
-    config = registry.engine_config(spec.engine, spec.engine_config)
-    # A worker is one replica; engine.tensor_parallel > 1 spreads a JAX engine over the worker's
-    # devices (cluster.gpus_per_worker of them). vLLM places itself (tensor_parallel_size).
-    facts = registry.entry_of(config).facts(config)
-    tensor_parallel = facts.tensor_parallel
-    mesh = None
-    if tensor_parallel > 1 and not facts.places_itself:
-        import jax
-
-        from jaxrl_async.cluster.placement import replica_mesh
-
-        local = jax.local_devices()
-        check(tensor_parallel <= len(local), "engine.tensor_parallel", tensor_parallel,
-              f"the Ray worker sees {len(local)} device(s); set cluster.gpus_per_worker to match")
-        mesh = replica_mesh(local[:tensor_parallel])
-    return registry.build_engine(spec.engine, config, loaded, mesh=mesh)
-
-
-def connect(cfg: RayClusterConfig) -> None:
-    """Join (or start) the Ray cluster and check its GPUs; one-line errors otherwise."""
-    import ray
-
-    if not ray.is_initialized():
-        _check_reachable(cfg.address)
-        if cfg.address == "local":
-            error = _init_within(cfg, lambda: ray.init(include_dashboard=False, log_to_driver=False))
-        else:
-            error = _init_within(cfg, lambda: ray.init(address=cfg.address, log_to_driver=False))
-        if error is not None:
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise ConnectionError(f"cluster.address={cfg.address!r}: cannot reach a Ray cluster ({first}); "
-                                  "start one with `ray start --head` or fix the address") from None
-    need = cfg.num_workers * cfg.gpus_per_worker
-    have = ray.cluster_resources().get("GPU", 0)
-    if need > have:
-        raise ValueError(f"cluster.num_workers={cfg.num_workers} x gpus_per_worker={cfg.gpus_per_worker} "
-                         f"needs {need:g} GPUs; the Ray cluster has {have:g}")
-
-
-def _init_within(cfg: RayClusterConfig, init: Callable[[], None]) -> BaseException | None:
-    """`init()` (`ray.init`) with a deadline, `cluster.init_timeout_s`: in a daemon thread, since
-    Ray's own retries have none (a head started on 127.0.0.1 answers the TCP probe, then `ray.init`
-    retries the host's interface address for ever). Returns the connection error it raised, if any;
-    past the deadline, a one-line ConnectionError naming the fixes."""
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            init()
-            outcome.append(None)
-        except BaseException as error:  # noqa: BLE001 - sorted and re-raised in the caller's thread
-            outcome.append(error)
-
-    thread = threading.Thread(target=run, name="ray-init", daemon=True)
-    thread.start()
-    thread.join(cfg.init_timeout_s)
-    if not outcome:
-        raise ConnectionError(
-            f"cluster.address={cfg.address!r}: ray.init did not finish within cluster.init_timeout_s="
-            f"{cfg.init_timeout_s:g} s; a head on 127.0.0.1 needs RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in this "
-            "process's environment (Ray swaps the loopback for the interface address), a remote head "
-            "`ray start --head --node-ip-address=<reachable address>`")
-    error = outcome[0]
-    if error is not None and not isinstance(error, (ConnectionError, RuntimeError, ValueError)):
-        raise error
-    return error
-
-
-def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
-    """A TCP probe of a HOST:PORT address: `ray.init` itself retries a dead address for minutes."""
-    import socket
-
-    if address in ("auto", "local") or address.startswith("ray://"):
-        return
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(f"cluster.address={address!r}: expected 'auto', 'local', 'HOST:PORT' or 'ray://HOST:PORT'")
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout_s).close()
-    except OSError as error:
-        raise ConnectionError(f"cluster.address={address!r}: cannot reach a Ray cluster ({error}); "
-                              "start one with `ray start --head` or fix the address") from None
-
-
-class EngineActor:
-    """A worker: one engine on the actor's event loop. Wrapped with `ray.remote` by the proxy."""
-
-    def __init__(self, spec: EngineSpec):
-        self.spec = spec
-        self.engine: GenerationEngine | None = None
-        self._pending: list[SampleOutput] = []
-        self._ready = asyncio.Event()
-        self._pump_task = None
-        self._error: BaseException | None = None
-
-    async def start(self) -> int:
-        import os
-
-        self.engine = build_engine(self.spec)
-        await self.engine.start()
-        self._pump_task = asyncio.get_running_loop().create_task(self._pump())
-        return os.getpid()
-
-    async def _pump(self) -> None:
-        try:
-            async for out in self.engine.outputs():
-                self._pending.append(out)
-                self._ready.set()
-        except BaseException as error:  # noqa: BLE001 - re-raised in the proxy by poll()
-            self._error = error
-            self._ready.set()
-
-    async def submit(self, request: GenerationRequest) -> None:
-        await self.engine.submit(request)
-
-    async def abort(self, request_id: str) -> None:
-        await self.engine.abort(request_id)
-
-    async def update_weights(self, params: Any, version: int) -> None:
-        await self.engine.update_weights(params, version)
-
-    async def stats(self) -> EngineStats:
-        return await self.engine.stats()
-
-    async def poll(self, timeout: float) -> tuple[list[SampleOutput], EngineStats]:
-        """The outputs since the last poll (waits up to `timeout` s for the first one) and the
-        engine's stats: the heartbeat carries them, so the proxy never asks a worker for stats."""
-        if not self._pending and self._error is None:
-            try:
-                await asyncio.wait_for(self._ready.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
-        if self._error is not None:
-            raise self._error
-        out, self._pending = self._pending, []
-        self._ready.clear()
-        return out, await self.engine.stats()
-
-    async def stop(self) -> None:
-        await self.engine.stop()
 
 
 class RayActors:
@@ -371,6 +146,7 @@ class RayEngineProxy(GenerationEngine):
         self._owner: dict[str, _Worker] = {}  # request id -> worker holding it
         self._samples_left: dict[str, int] = {}
         self._out: asyncio.Queue = asyncio.Queue()
+        self._timings: list[EngineTiming] = []  # the workers' timings not yet read, on this clock
         self._tasks: list[asyncio.Task] = []
         self._latest: tuple[Any, int] | None = None  # (params ref, version) for replacements
         self._version = 0  # the newest version update_weights returned for
@@ -421,11 +197,15 @@ class RayEngineProxy(GenerationEngine):
 
     async def _read(self, worker: _Worker) -> None:
         """The worker's output stream, one long poll at a time; a poll is also its heartbeat and
-        brings its stats, so `stats()` never waits on a worker."""
+        brings its stats, so `stats()` never waits on a worker, and its timings."""
         try:
             while worker.alive:
-                outputs, worker.stats = await self._call(worker, "poll", self.poll_s, wait_s=self.poll_s)
-                for out in outputs:
+                answer = await self._call(worker, "poll", self.poll_s, wait_s=self.poll_s)
+                worker.stats = answer.stats
+                # The worker's clock onto this process's: late by the answer's transit time at most.
+                shift = time.monotonic() - answer.clock
+                self._timings += [dataclasses.replace(t, worker=worker.index, t=t.t + shift) for t in answer.timings]
+                for out in answer.outputs:
                     if out.done:
                         self._samples_left[out.request_id] -= 1
                         if not self._samples_left[out.request_id]:
@@ -558,20 +338,31 @@ class RayEngineProxy(GenerationEngine):
             self._out.put_nowait(error)
 
     async def abort(self, request_id: str) -> None:
-        """Sent after the request's own submit was answered (an async actor may otherwise run
-        the abort first), in a task: the caller never waits on the worker."""
+        """End the request's unfinished samples on the worker that holds it (`_follow`)."""
+        self._follow(request_id, "abort")
+
+    async def mark_critical(self, request_id: str) -> None:
+        """The worker that holds the request speculates its samples from now on
+        (`engine.speculation.when=critical`; its engine ignores the mark otherwise). A request
+        lost with its worker loses the mark: the planner marks its resubmission again."""
+        self._follow(request_id, "mark_critical")
+
+    def _follow(self, request_id: str, kind: str) -> None:
+        """`kind(request_id)` to the worker that holds the request, sent after the request's own
+        submit was answered (an async actor may otherwise run it first), in a task: the caller
+        never waits on the worker. An unknown or finished id, or a lost worker's, is ignored."""
         worker = self._owner.get(request_id)
         if worker is None or not worker.alive:
             return
         submitted = worker.submits.get(request_id)
 
-        async def abort_after_submit() -> None:
+        async def after_submit() -> None:
             if submitted is not None:
                 await asyncio.gather(submitted, return_exceptions=True)
             if worker.alive:
-                await self._send(worker, "abort", request_id)
+                await self._send(worker, kind, request_id)
 
-        self._tasks.append(asyncio.get_running_loop().create_task(abort_after_submit()))
+        self._tasks.append(asyncio.get_running_loop().create_task(after_submit()))
 
     async def update_weights(self, params: Any, version: int) -> None:
         """Put the params once and push them to every live worker, each push against its own
@@ -628,6 +419,12 @@ class RayEngineProxy(GenerationEngine):
 
     def outputs(self) -> AsyncIterator[SampleOutput]:
         return read_outputs(self._out)
+
+    def timings(self) -> list[EngineTiming]:
+        """The workers' timed work since the last call, oldest first, each tagged with its
+        worker's index and moved onto this process's monotonic clock (`PollAnswer.clock`)."""
+        out, self._timings = sorted(self._timings, key=lambda t: t.t), []
+        return out
 
     def worker_of(self, request_id: str) -> int:
         worker = self._owner.get(request_id)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
@@ -21,7 +22,10 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-from jaxrl_async.cluster.ray import EngineSpec, RayClusterConfig, RayEngineProxy, connect  # noqa: E402
+from jaxrl_async.cluster.ray.actor import EngineSpec  # noqa: E402
+from jaxrl_async.cluster.ray.config import RayClusterConfig  # noqa: E402
+from jaxrl_async.cluster.ray.connect import connect  # noqa: E402
+from jaxrl_async.cluster.ray.proxy import RayEngineProxy  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")
 SPEC = EngineSpec("jax", {"num_slots": 4, "max_len": 64, "min_bucket": 16}, "tiny")
@@ -121,3 +125,29 @@ def test_two_workers_serve_requests_take_weights_and_a_killed_worker_loses_nothi
         return lost_calls
 
     asyncio.run(scenario())
+
+
+def test_a_critical_mark_reaches_the_ray_worker_that_holds_the_request_and_its_drafts_reach_the_trace(cluster):
+    spec = EngineSpec("jax", {**SPEC.engine_config, "speculation": {
+        "when": "critical", "method": "draft", "draft_model": "layers:1", "tokens": 3}}, "tiny")
+
+    async def scenario():
+        proxy = RayEngineProxy(spec, RayClusterConfig(address=ADDRESS, num_workers=1, cpus_per_worker=0.5),
+                               on_lost=lambda ids: None, poll_s=0.2)
+        await proxy.start()
+        t0 = time.monotonic()
+        try:
+            await proxy.submit(_request("a", n=1, max_new_tokens=32))
+            await proxy.mark_critical("a")
+            async for out in proxy.outputs():
+                if out.done:
+                    break
+            await asyncio.sleep(0.5)  # a heartbeat brings the last iteration's timing
+            return t0, proxy.timings(), time.monotonic(), proxy.deadlines.p99("mark_critical")
+        finally:
+            await proxy.stop()
+
+    t0, timings, t1, answered_s = asyncio.run(scenario())
+    assert answered_s is not None  # the actor answered the mark
+    assert sum(t.drafted for t in timings) > 0  # when=critical: only a marked request drafts
+    assert {t.worker for t in timings} == {0} and all(t0 - 1 < t.t < t1 for t in timings)  # the driver's clock

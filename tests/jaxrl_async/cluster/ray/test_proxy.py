@@ -1,4 +1,4 @@
-"""RayEngineProxy's per-worker liveness, on fake actors (tests/helpers/fake_ray.py), no Ray needed.
+"""RayEngineProxy's routing and per-worker liveness, on fake actors (tests/helpers/fake_ray.py), no Ray needed.
 
 One worker stops answering (SIGSTOP): it is declared lost from its own missed deadline while
 the healthy worker's results keep flowing, stats and weight pushes never wait on it, and new
@@ -12,7 +12,9 @@ import time
 
 import pytest
 
-from jaxrl_async.cluster.ray import EngineSpec, RayClusterConfig, RayEngineProxy
+from jaxrl_async.cluster.ray.actor import EngineSpec
+from jaxrl_async.cluster.ray.config import RayClusterConfig
+from jaxrl_async.cluster.ray.proxy import RayEngineProxy
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 from tests.helpers.fake_ray import FakeActors
 
@@ -179,25 +181,42 @@ def test_a_submit_to_a_worker_that_just_stopped_returns_at_once_and_the_request_
     assert lost == [["x"]]
 
 
-def test_a_ray_init_that_never_returns_is_a_one_line_error_naming_the_fix_at_its_deadline():
-    from jaxrl_async.cluster.ray import _init_within
+def test_a_critical_mark_goes_to_the_worker_that_holds_the_request_after_its_submit():
+    async def scenario():
+        actors = FakeActors(latency_s=0.01)
+        proxy = await _started(actors, [])
+        for rid in ("a", "b"):
+            await proxy.submit(_request(rid))
+            await proxy.mark_critical(rid)  # before the submit's answer: sent after it
+        await proxy.mark_critical("unknown")  # an unknown (or finished) id is ignored
+        owners = {rid: proxy.worker_of(rid) for rid in ("a", "b")}
+        await asyncio.sleep(0.2)
+        await proxy.stop()
+        return owners, {w.index: w.actor for w in proxy.workers}
 
-    t0 = time.monotonic()
-    with pytest.raises(ConnectionError) as err:
-        _init_within(RayClusterConfig(address="127.0.0.1:6379", init_timeout_s=0.3), lambda: time.sleep(30))
-    assert time.monotonic() - t0 < 2
-    message = str(err.value)
-    assert "\n" not in message and "cluster.init_timeout_s=0.3 s" in message
-    assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0" in message and "--node-ip-address" in message
+    owners, actors = asyncio.run(scenario())
+    assert owners["a"] != owners["b"]  # least-loaded routing spread them
+    for rid, index in owners.items():
+        actor = actors[index]
+        assert actor.critical == [rid]  # only the owner got it, once
+        assert actor.calls.index("submit") < actor.calls.index("mark_critical")
 
 
-def test_a_ray_init_that_fails_or_succeeds_in_time_is_reported_as_it_happened():
-    from jaxrl_async.cluster.ray import _init_within
+def test_the_workers_timings_reach_the_run_tagged_by_worker_and_on_the_drivers_clock():
+    async def scenario():
+        actors = FakeActors(clock_offset_s=1e6)  # another node's monotonic clock
+        proxy = await _started(actors, [])
+        t0 = time.monotonic()
+        for i in range(6):
+            await proxy.submit(_request(f"r{i}"))
+        await asyncio.sleep(0.3)
+        timings, again = proxy.timings(), proxy.timings()
+        t1 = time.monotonic()
+        await proxy.stop()
+        return t0, t1, timings, again
 
-    cfg = RayClusterConfig(address="127.0.0.1:6379", init_timeout_s=5)
-    assert _init_within(cfg, lambda: None) is None
-
-    def refuse():
-        raise ConnectionError("no head")
-
-    assert str(_init_within(cfg, refuse)) == "no head"
+    t0, t1, timings, again = asyncio.run(scenario())
+    assert sum(t.tokens for t in timings) == 12 and again == []  # 6 requests x 2 samples, read once
+    assert {t.worker for t in timings} == {0, 1}
+    assert all(t0 - 0.01 < t.t < t1 for t in timings), [t.t for t in timings]  # not 1e6 s away
+    assert [t.t for t in timings] == sorted(t.t for t in timings)
