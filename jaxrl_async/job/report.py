@@ -24,13 +24,13 @@ from jaxrl_async.models.loading import LoadedModel
 from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
 from jaxrl_async.trainer.trainer import Trainer
 from jaxrl_async.trees import cast_floats
-from planner.tools.audit import audit, audited_bound
-from planner.tools.run_trace import TRACE_FILE
-from planner.tools.tail import from_run_dir as tail_of_run
+from planner.ledger_audit import audit, audited_bound
+from planner.run_trace import TRACE_FILE
+from planner.tail_analysis import from_run_dir as tail_of_run
 
 
 def trace_meta(setup: TrainSetup, placement: Placement | None = None) -> dict[str, Any]:
-    """The timing trace's `run` line (planner/tools/run_trace.py): the planner's context and what the
+    """The timing trace's `run` line (planner/run_trace.py): the planner's context and what the
     simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode, and
     whether it shares the trainer's devices (`colocated`: an engine the trainer's process places
     with `engine.colocate=true`; other engines place themselves and time no iterations)."""
@@ -71,14 +71,14 @@ def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir:
                   extra: dict[str, Any]) -> dict[str, Any]:
     """summary.json for the controller's `result` (its `RunResult`): docs/design.md §8.1's keys,
     `extra`, and — when the run finished — the audit's verdict over the run's files and, with a
-    timing trace, `tail` (planner/tools/tail.py: where the tail's time went)."""
+    timing trace, `tail` (planner/tail_analysis.py: where the tail's time went)."""
     run = setup.run
     extra = {"completed": result.completed, "run_dir": str(run_dir), **extra}
     if result.completed:
         report = audit(run_dir, audited_bound(run.max_staleness, bound))
         extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
                      groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
-        if (run_dir / TRACE_FILE).is_file():  # where the tail's time went (planner/tools/tail.py)
+        if (run_dir / TRACE_FILE).is_file():  # where the tail's time went (planner/tail_analysis.py)
             extra["tail"] = tail_of_run(run_dir)
     out = summary(result.stats, policy=setup.policy_name, max_staleness=run.max_staleness, staleness_bound=bound,
                   elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,

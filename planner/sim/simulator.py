@@ -73,7 +73,7 @@ from planner.sim.tail_log import TailLog
 from planner.sim.trainer import SimTrainer
 from planner.sim.workers import Worker
 from planner.sim.workloads import Workload, workload_params
-from planner.tools.tail import steps_from_metrics, tail
+from planner.tail_analysis import steps_from_metrics, tail
 from planner.types import Admission, Decision, Drop, GroupState, Move, PlanContext
 
 MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from jaxrl_async.engines.base import EngineTiming
 from jaxrl_async.runtime.tracing import RunTracer
-from planner.tools.run_trace import TRACE_FILE, TraceWriter, read_run_trace
+from planner.run_trace import TRACE_FILE, TraceWriter, read_run_trace
 
 
 class Clock:

@@ -12,7 +12,7 @@ from planner.ledger import LedgerWriter
 from planner.policies.lookahead import Lookahead, LookaheadParams
 from planner.registry import make_policy
 from planner.sim import SimConfig, Simulator, make_workload
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import PlanContext
 
 CTX = PlanContext(batch_groups=8, group_size=4, max_staleness=1, total_steps=20)

@@ -10,9 +10,9 @@ import planner.policies.lookahead  # noqa: F401
 from planner.ledger import LedgerWriter
 from planner.registry import make_policy
 from planner.sim import SimConfig, Simulator, WorkerConfig, make_workload
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.sim.tail_log import TailLog
-from planner.tools.tail import critical_groups
+from planner.tail_analysis import critical_groups
 from planner.types import PlanContext
 
 CTX = PlanContext(batch_groups=8, group_size=4, max_staleness=1, total_steps=20)

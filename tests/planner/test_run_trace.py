@@ -1,4 +1,4 @@
-"""The run's timing trace (planner/tools/run_trace.py): written buffered, read back line-checked, torn
+"""The run's timing trace (planner/run_trace.py): written buffered, read back line-checked, torn
 last lines skipped, engine iterations aggregated into sufficient sums, groups for a replay."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from planner.sim.trace import read_trace
-from planner.tools.run_trace import TraceWriter, during_steps, finished_groups, read_run_trace
+from planner.run_trace import TraceWriter, during_steps, finished_groups, read_run_trace
 
 
 def write(path, events):
