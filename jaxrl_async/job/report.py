@@ -8,6 +8,7 @@ mode reports itself without a change here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -31,17 +32,22 @@ from planner.tail_analysis import from_run_dir as tail_of_run
 
 def trace_meta(setup: TrainSetup, placement: Placement | None = None) -> dict[str, Any]:
     """The timing trace's `run` line (planner/run_trace.py): the planner's context and what the
-    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode, and
+    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode,
     whether it shares the trainer's devices (`colocated`: an engine the trainer's process places
-    with `engine.colocate=true`; other engines place themselves and time no iterations)."""
+    with `engine.colocate=true`; other engines place themselves and time no iterations) and, for an
+    engine that speculates, its `engine.speculation.*` (what calibration needs to fit the
+    acceptance rate from the drafted and accepted tokens)."""
     run, facts = setup.run, setup.engine_facts
     colocated = (placement is not None and placement.colocate and facts.colocate and not facts.places_itself
                  and setup.engine_in_process)
+    speculation = facts.speculation
     return {"policy": setup.policy_name, "max_staleness": run.max_staleness, "batch_groups": run.batch_groups,
             "group_size": run.group_size, "admission_window": run.window, "max_new_tokens": run.max_new_tokens,
             "engine": setup.engine_name,
             "workers": setup.engine_workers, "slots": facts.slots, "kv_tokens": facts.kv_tokens,
-            "sync_mode": facts.sync_mode, "colocated": bool(colocated)}
+            "sync_mode": facts.sync_mode, "colocated": bool(colocated),
+            **({"speculation": dataclasses.asdict(speculation)} if speculation is not None and speculation.enabled
+               else {})}
 
 
 def placement_summary(setup: TrainSetup, placement: Placement) -> dict[str, Any]:
