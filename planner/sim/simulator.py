@@ -428,13 +428,8 @@ class Simulator:
             lost.append(g)
         lost.extend(queued)
         for g in lost:
-            if g.state == GroupState.DROPPED:
-                continue  # dropped by the policy while we reported the fault
-            if not keep:
-                self.metrics.waste(g.generated)
-                g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
-            g.state = GroupState.LOST
-            self.lost[g.uid] = g
+            if g.state != GroupState.DROPPED:  # not dropped by the policy while we reported the fault
+                self._lose(g, keep=keep)
         self._changed = self._ask = True
         self._check_synced()
         for g in lost:
@@ -454,12 +449,18 @@ class Simulator:
         w.abort(self.now, g)
         self._kick(w, force=True)
         self.stalls += 1
-        self.metrics.waste(g.generated)
-        g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
-        g.state = GroupState.LOST
-        self.lost[uid] = g
+        self._lose(g, keep=False)
         self._changed = self._ask = True
         self._apply(self.p.on_group_lost(uid=uid, prefix_kept=False, now=self.now), "on_group_lost")
+
+    def _lose(self, g: SimGroup, *, keep: bool) -> None:
+        """`g`'s attempt is given up (a fault, a stall); without its prefix (`keep` False) its
+        tokens are wasted and a re-admission regenerates it from the start."""
+        if not keep:
+            self.metrics.waste(g.generated)
+            g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
+        g.state = GroupState.LOST
+        self.lost[g.uid] = g
 
     def _on_restart(self, index: int) -> None:
         w = self.workers[index]
