@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from planner.tools.calibrate import CALIBRATION_FILE, calibrate  # noqa: E402
-from planner.tools.fidelity import compare  # noqa: E402
+from planner.fidelity import compare  # noqa: E402
 
 POLICIES = ("lookahead", "nemo_in_order", "areal")
 CONFIGS = {

@@ -39,7 +39,7 @@ from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 from planner.registry import POLICIES, policy_class
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.compare import compose, no_drop_bound
 from planner.tools.simulate import run_simulation
 
@@ -108,7 +108,7 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]],
     }
 
 
-TAIL_COLUMNS = (  # (header, figure of summary.json's `tail`, planner/tools/tail.py FIGURES)
+TAIL_COLUMNS = (  # (header, figure of summary.json's `tail`, planner/tail_analysis.py FIGURES)
     ("trainer wait", lambda t: t["trainer_wait_fraction"], "{:.0%}"),
     ("steps bound by generation", lambda t: t["steps_bound_by_generation"], "{:.0%}"),
     ("wait share, last 5%", lambda t: t["wait_share_last_5pct"], "{:.0%}"),
@@ -123,7 +123,7 @@ TAIL_COLUMNS = (  # (header, figure of summary.json's `tail`, planner/tools/tail
 def tail_table(rows: list[dict], policies: list[str], etas: list[int], head: str) -> list[str]:
     """Where the tail's time goes, per scenario, policy and η (medians over seeds of each figure)."""
     lines = [head.replace("# Planner benchmark", "# Planner benchmark: the tail"),
-             "Per step, the critical group is the batch's last to finish (planner/tools/tail.py, "
+             "Per step, the critical group is the batch's last to finish (planner/tail_analysis.py, "
              "docs/tail_analysis.md); \"wait share, last 5%\": the trainer's wait that would vanish if each "
              "batch's last 5% had finished with the rest. Medians over seeds.\n"]
     cells: dict[tuple, list[dict]] = {}

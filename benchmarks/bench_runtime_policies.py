@@ -46,7 +46,7 @@ def run_policy(policy: str, steps: int, seed: int, extra: list[str], workdir: Pa
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     steady = metrics[1:]
     span = metrics[-1]["elapsed_s"] - metrics[0]["elapsed_s"]
-    from planner.tools.audit import audit
+    from planner.ledger_audit import audit
 
     report = audit(run_dir, summary["max_staleness"])
     return {

@@ -19,7 +19,7 @@ jaxrl_async/tasks/lengths.py), so a step waits for its longest group. The config
 persistent compilation cache that later runs reuse, which would flatter whoever runs second.
 Reported per configuration (medians over `--repeats` interleaved rounds): steady-state steps/h
 (`steps_per_hour_steady` of summary.json: after the compile warm-up), the ratio to `plain`,
-groups migrated, drops and max token staleness from the ledger audit (`planner.tools.audit`),
+groups migrated, drops and max token staleness from the ledger audit (`planner.ledger_audit`),
 and the audit verdict. Written to `--out` (default benchmarks/results/tail_runtime.md).
 """
 
@@ -54,7 +54,7 @@ def run_config(name: str, steps: int, seed: int, extra: list[str], workdir: Path
     if not (run_dir / "summary.json").exists():
         raise RuntimeError(f"{name}: run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     summary = json.loads((run_dir / "summary.json").read_text())
-    from planner.tools.audit import audit
+    from planner.ledger_audit import audit
 
     report = audit(run_dir, summary["max_staleness"])
     return {"config": name, "steps_per_hour": summary["steps_per_hour_steady"],

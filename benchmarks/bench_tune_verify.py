@@ -23,10 +23,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from planner.tools.audit import audit  # noqa: E402
+from planner.ledger_audit import audit  # noqa: E402
 from planner.tools.calibrate import CALIBRATION_FILE, calibrate  # noqa: E402
-from planner.tools.fidelity import figures  # noqa: E402
-from planner.tools.run_trace import TRACE_FILE  # noqa: E402
+from planner.fidelity import figures  # noqa: E402
+from planner.run_trace import TRACE_FILE  # noqa: E402
 
 RUN = ["progress=off", "tensorboard=false", "export_hf=false"]
 WARMUP = 3

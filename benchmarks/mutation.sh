@@ -37,10 +37,10 @@ GLOBS[lookahead]='planner.policies.lookahead.*'
 TESTS[lookahead]='tests/planner/test_feasibility.py tests/planner/policies/test_lookahead.py tests/planner/policies/test_lookahead_faults.py tests/planner/policies/test_lookahead_admission.py'
 FILE[ledger]=planner/ledger.py
 GLOBS[ledger]='planner.ledger.*'
-TESTS[ledger]='tests/planner/test_ledger.py tests/planner/tools/test_audit.py'
-FILE[audit]=planner/tools/audit.py
-GLOBS[audit]='planner.tools.audit.*'
-TESTS[audit]='tests/planner/tools/test_audit.py'
+TESTS[ledger]='tests/planner/test_ledger.py tests/planner/test_ledger_audit.py'
+FILE[audit]=planner/ledger_audit.py
+GLOBS[audit]='planner.ledger_audit.*'
+TESTS[audit]='tests/planner/test_ledger_audit.py'
 FILE[controller]=jaxrl_async/runtime/controller.py
 GLOBS[controller]="${C}_regenerate__mutmut_* ${C}_regenerate_lost__mutmut_* ${C}admit_group__mutmut_* \
 ${C}restore__mutmut_* ${C}_begin__mutmut_* ${C}snapshot__mutmut_* \

@@ -70,3 +70,18 @@ def test_the_cluster_configs_import_no_jax_flax_ray_vllm_or_torch():
         loaded = subprocess.run([sys.executable, "-c", probe, module], cwd=REPO, env=env, capture_output=True,
                                 text=True, check=True).stdout.split()
         assert sorted(set(loaded) & set(HEAVY)) == [], f"importing {module} imports them"
+
+
+# The `python -m planner.audit|tail|...` shims: they only forward to planner/tools/ (or re-export
+# a command's functions under the stable name, planner/plots.py).
+PLANNER_COMMAND_SHIMS = tuple(f"planner/{name}.py" for name in
+                              ("audit", "calibrate", "compare", "plots", "simulate", "tail", "tune"))
+
+
+def test_only_the_command_shims_and_the_trainer_commands_import_the_planner_commands():
+    """planner/tools/ is a leaf: what the simulator, the runtime and the job share (the trace, the
+    audit's rules, the tail analysis, length bias) sits in the package below the commands, so only
+    the root shims and jaxrl_async/cli/ (the command plumbing: entry, help) import planner.tools."""
+    found = [line for folder in ("planner", "jaxrl_async") for line in offenders(folder, ("planner.tools",))
+             if not line.startswith(("planner/tools/", "jaxrl_async/cli/", *PLANNER_COMMAND_SHIMS))]
+    assert found == []

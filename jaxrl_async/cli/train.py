@@ -15,7 +15,7 @@ into typed, validated objects once, before Hydra makes the run directory (planne
     run_dir/ledger.jsonl     every admit/start/train/drop/move (the proof; planner.audit reads it)
     run_dir/metrics.jsonl    one record per step;  run_dir/tb/ the same in TensorBoard
     run_dir/trace.jsonl      the timing trace: groups, steps, pushes, engine iterations
-                             (planner/tools/run_trace.py; `python -m planner.calibrate` fits it)
+                             (planner/run_trace.py; `python -m planner.calibrate` fits it)
     run_dir/summary.json     docs/design.md §8 keys (+ extensions, + the audit's verdict)
     run_dir/checkpoints/     orbax (after step 1, every `checkpoint_every` steps, on SIGTERM or
                              SIGINT, at the end)

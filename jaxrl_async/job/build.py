@@ -40,7 +40,7 @@ from jaxrl_async.trainer.trainer import Trainer
 from planner.ledger import LEDGER_FILE, LedgerWriter
 from planner.registry import make_policy
 from planner.sim.recorder import EventRecorder
-from planner.tools.run_trace import TRACE_FILE, TraceWriter
+from planner.run_trace import TRACE_FILE, TraceWriter
 from planner.types import PlanContext
 
 

@@ -8,6 +8,7 @@ mode reports itself without a change here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,24 +25,29 @@ from jaxrl_async.models.loading import LoadedModel
 from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
 from jaxrl_async.trainer.trainer import Trainer
 from jaxrl_async.trees import cast_floats
-from planner.tools.audit import audit, audited_bound
-from planner.tools.run_trace import TRACE_FILE
-from planner.tools.tail import from_run_dir as tail_of_run
+from planner.ledger_audit import audit, audited_bound
+from planner.run_trace import TRACE_FILE
+from planner.tail_analysis import from_run_dir as tail_of_run
 
 
 def trace_meta(setup: TrainSetup, placement: Placement | None = None) -> dict[str, Any]:
-    """The timing trace's `run` line (planner/tools/run_trace.py): the planner's context and what the
-    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode, and
+    """The timing trace's `run` line (planner/run_trace.py): the planner's context and what the
+    simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode,
     whether it shares the trainer's devices (`colocated`: an engine the trainer's process places
-    with `engine.colocate=true`; other engines place themselves and time no iterations)."""
+    with `engine.colocate=true`; other engines place themselves and time no iterations) and, for an
+    engine that speculates, its `engine.speculation.*` (what calibration needs to fit the
+    acceptance rate from the drafted and accepted tokens)."""
     run, facts = setup.run, setup.engine_facts
     colocated = (placement is not None and placement.colocate and facts.colocate and not facts.places_itself
                  and setup.engine_in_process)
+    speculation = facts.speculation
     return {"policy": setup.policy_name, "max_staleness": run.max_staleness, "batch_groups": run.batch_groups,
             "group_size": run.group_size, "admission_window": run.window, "max_new_tokens": run.max_new_tokens,
             "engine": setup.engine_name,
             "workers": setup.engine_workers, "slots": facts.slots, "kv_tokens": facts.kv_tokens,
-            "sync_mode": facts.sync_mode, "colocated": bool(colocated)}
+            "sync_mode": facts.sync_mode, "colocated": bool(colocated),
+            **({"speculation": dataclasses.asdict(speculation)} if speculation is not None and speculation.enabled
+               else {})}
 
 
 def placement_summary(setup: TrainSetup, placement: Placement) -> dict[str, Any]:
@@ -71,14 +77,14 @@ def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir:
                   extra: dict[str, Any]) -> dict[str, Any]:
     """summary.json for the controller's `result` (its `RunResult`): docs/design.md §8.1's keys,
     `extra`, and — when the run finished — the audit's verdict over the run's files and, with a
-    timing trace, `tail` (planner/tools/tail.py: where the tail's time went)."""
+    timing trace, `tail` (planner/tail_analysis.py: where the tail's time went)."""
     run = setup.run
     extra = {"completed": result.completed, "run_dir": str(run_dir), **extra}
     if result.completed:
         report = audit(run_dir, audited_bound(run.max_staleness, bound))
         extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
                      groups_trained_twice=len(report.trained_twice), length_bias=report.length_bias)
-        if (run_dir / TRACE_FILE).is_file():  # where the tail's time went (planner/tools/tail.py)
+        if (run_dir / TRACE_FILE).is_file():  # where the tail's time went (planner/tail_analysis.py)
             extra["tail"] = tail_of_run(run_dir)
     out = summary(result.stats, policy=setup.policy_name, max_staleness=run.max_staleness, staleness_bound=bound,
                   elapsed_s=result.elapsed_s, trainer_busy_s=result.trainer_busy_s,

@@ -36,7 +36,7 @@ from jaxrl_async.runtime.metrics import METRICS_FILE
 from jaxrl_async.tasks.base import Task
 from jaxrl_async.trainer.trainer import Trainer
 from planner.ledger import LEDGER_FILE
-from planner.tools.run_trace import TRACE_FILE
+from planner.run_trace import TRACE_FILE
 
 log = logging.getLogger(__name__)
 

@@ -72,7 +72,7 @@ from jaxrl_async.tokenizer import Tokenizer
 from jaxrl_async.trainer.trainer import Trainer
 from planner.driver import apply_decision
 from planner.ledger import LEDGER_FILE, LedgerWriter
-from planner.tools.run_trace import TRACE_FILE, TraceWriter
+from planner.run_trace import TRACE_FILE, TraceWriter
 from planner.types import Admission, Decision, Drop, GroupState, Move
 
 

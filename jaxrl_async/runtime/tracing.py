@@ -1,4 +1,4 @@
-"""The run's timing trace as the controller writes it (`trace.jsonl`, planner/tools/run_trace.py).
+"""The run's timing trace as the controller writes it (`trace.jsonl`, planner/run_trace.py).
 
 What goes in (docs/calibration.md, what `planner.calibrate` fits the simulator to): every
 admission, start, finish, loss and drop of a group, every step (batch handed over, optimizer
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from planner.tools.run_trace import TraceWriter, during_steps
+from planner.run_trace import TraceWriter, during_steps
 
 
 class RunTracer:

@@ -23,7 +23,7 @@ from typing import Any
 
 from planner import run_files
 from planner.run_files import METRICS_FILE, SUMMARY_FILE
-from planner.tools.length_bias import length_bias
+from planner.length_bias import length_bias
 from planner.versions import add_staleness
 
 

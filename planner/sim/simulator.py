@@ -31,20 +31,9 @@ each live worker's next completion is recomputed at both instants — on one mac
 the trainer share the cores, so decoding slows while a step runs and fewer tokens carry the old
 version. At 0 no factor changes and no event is added: runs are exactly those without the term.
 
-The tail (`Decision.critical`, `Decision.migrate`; docs/design.md §2.14): with
-`sim.workers.speculation.when=critical` a marked group speculates from then on (`Worker.make_fast`;
-the model is in planner/sim/workers.py and config.py), on every worker it runs on in this
-attempt; when=always speculates every run and ignores the marks. `migrate_groups` moves each
-running group to the least loaded other live worker — load = sequences decoding or hung, per
-unit of speed, counting the group itself on the target — only when that is strictly less than
-the source's, the target has the slots and KV to start it now, and it holds weights at least the
-group's start barrier and the source's version (so a migrated group's new tokens are never older
-than its earlier ones: its window [a(g), d(g)] holds as on the source). The source books the
-prefix (abort); the target pays `sim.workers.migration_s` plus a re-prefill of prompt + prefix
-(`prefill_per_token`), both as a stall of its decoding (a simplification: a real transfer would
-delay only the group), and starts the group at once, ahead of its queue (the policy names only
-groups the trainer waits for). Each move is a ledger `migrate` line with the prefix's versions.
-Neither adds a random draw; with speculation never and no migrate decisions, runs are as before.
+The tail (`Decision.critical`, `Decision.migrate`; docs/design.md §2.14) is `SimTail`'s
+(planner/sim/tail.py): it decides what a mark or a move does to the workers; the loop books a
+moved prefix with the policy, writes the ledger's `migrate` line and reschedules the workers.
 
 Everything random comes from `seed` (numpy Generators spawned per purpose), and nothing reads a
 clock, so a run is a function of (policy, config, seed). A run that runs out of events while the
@@ -61,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from planner.driver import apply_decision
-from planner.ledger import LedgerWriter
+from planner.ledger import LedgerWriter, NullLedger
 from planner.sim.config import SimConfig
 from planner.sim.events import EventKind, EventQueue
 from planner.sim.faults import FaultPlan
@@ -69,26 +58,15 @@ from planner.sim.group import SimGroup
 from planner.sim.metrics import RunMetrics
 from planner.sim.recorder import EventRecorder
 from planner.sim.stream import AdmissionWindow
+from planner.sim.tail import SimTail
 from planner.sim.tail_log import TailLog
 from planner.sim.trainer import SimTrainer
 from planner.sim.workers import Worker
 from planner.sim.workloads import Workload, workload_params
-from planner.tools.tail import steps_from_metrics, tail
+from planner.tail_analysis import steps_from_metrics, tail
 from planner.types import Admission, Decision, Drop, GroupState, Move, PlanContext
 
 MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock
-
-
-class NullLedger:
-    """Stands in for `LedgerWriter` when a run needs no ledger file (speed runs)."""
-
-    def admit(self, a: Admission) -> None: ...
-    def start(self, uid: int, version: int) -> None: ...
-    def train(self, step: int, groups: Any) -> None: ...
-    def drop(self, d: Drop, tokens: int = 0, length: int | None = None) -> None: ...
-    def moves(self, moves: Any) -> None: ...
-    def migrate(self, uid: int, src: int, dst: int, versions: Any) -> None: ...
-    def flush(self) -> None: ...
 
 
 @dataclass
@@ -135,7 +113,8 @@ class Simulator:
         self.trainer = SimTrainer(cfg.trainer, ctx.total_steps)
         self.faults = FaultPlan(cfg.faults, cfg.workers.num_workers, fault_rng)
         self.metrics = RunMetrics()
-        self.tail = TailLog()
+        self.tail_log = TailLog()  # each group's seconds, for the tail analysis
+        self.tail = SimTail(cfg.workers, self.workers, self.tail_log)  # critical marks, migrations
         self.queue = EventQueue()
         self.now = 0.0
         self.groups: dict[int, SimGroup] = {}  # admitted, untrained, not dropped
@@ -146,10 +125,6 @@ class Simulator:
         self.admitted = 0
         self.readmissions = 0
         self.stalls = 0  # hung attempts aborted at their stall timeout
-        self.spec_when = cfg.workers.speculation.when
-        self.migration_s = cfg.workers.migration_s
-        self.migrations = 0  # groups moved by Decision.migrate
-        self.marked = 0  # groups made to speculate by Decision.critical (when=critical)
         self._enqueue_seq = 0
         self._out: list[tuple[float, EventKind, Any]] = []
         self._changed = False  # something a policy can see changed since the last settle
@@ -216,58 +191,29 @@ class Simulator:
         self.ledger.moves(moves)
 
     def mark_critical(self, uids: list[int]) -> None:
-        if self.spec_when != "critical":
-            return  # never: no worker speculates; always: every run already does
         for uid in uids:
-            g = self.groups[uid]
-            g.critical = True  # a queued group speculates once it starts
-            self.marked += 1
-            if g.state == GroupState.RUNNING and self.workers[g.worker].make_fast(self.now, g):
-                self._reschedule(self.workers[g.worker])
+            w = self.tail.mark(self.now, self.groups[uid])
+            if w is not None:
+                self._reschedule(w)
 
     def migrate_groups(self, uids: list[int]) -> None:
         for uid in uids:
             g = self.groups[uid]
-            if g.state != GroupState.RUNNING or g.stuck or not g.remaining:
-                continue  # queued (the router already chose), hung, or done at this instant
-            src = self.workers[g.worker]
-            dst = self._migration_target(src, g)
-            if dst is None:
+            move = self.tail.leave(self.now, g)
+            if move is None:
                 continue
-            booked = src.abort(self.now, g)
+            src, dst, booked = move
             if booked:
                 self._apply(self.p.on_tokens(uid=uid, version=src.version, tokens=booked, now=self.now), "on_tokens")
             self.ledger.migrate(uid, src.index, dst.index, g.versions_list())
-            self.migrations += 1
-            rem = [l - d for l, d in zip(g.lengths, g.done_tok)]
-            self.tail.migrated(uid, self.now, src.stalled_by(self.now), dst.index, dst.stalled_by(self.now))
-            dst.advance(self.now)
-            dst.stall(self.now, self.migration_s)
-            g.worker = dst.index
-            dst._start(self.now, g, rem, sum(1 for r in rem if r > 0), g.prompt_tokens + sum(g.lengths))
+            self.tail.arrive(self.now, g, src, dst)
             self._kick(src, force=True)
             self._kick(dst, force=True)
             self._changed = True
 
-    def _migration_target(self, src: Worker, g: SimGroup) -> Worker | None:
-        """The least loaded other live worker that can start `g` now on weights at least its own,
-        if strictly less loaded with `g` than `src` is; else None (docstring above)."""
-        n = g.remaining
-        floor = max(g.min_version, src.version)
-        best, best_load = None, (src.active + src.stuck) / src.speed
-        for w in self.workers:
-            if w is src or not w.alive or w.pending_version is not None or w.version < floor:
-                continue
-            held = w.active + w.stuck
-            if held + n > w.max_seqs or w.kv_used + g.prompt_tokens + sum(g.lengths) > w.kv_cap:
-                continue
-            load = (held + n) / w.speed
-            if load < best_load:
-                best, best_load = w, load
-        return best
-
     def _reschedule(self, w: Worker) -> None:
-        """`w`'s rates changed without a start or an end: its next completion is recomputed."""
+        """`w` changed (a start, an end, its rates): its next completion is recomputed; the
+        COMPLETION events already queued for it go stale (their epoch is older)."""
         w.epoch += 1
         t = w.next_completion()
         if t is not None:
@@ -284,7 +230,7 @@ class Simulator:
             g = self.lost.pop(a.uid)
             self.readmissions += 1
         self.ledger.admit(a)
-        self.tail.admitted(a.uid, self.now)
+        self.tail_log.admitted(a.uid, self.now)
         g.priority = a.priority
         g.min_version = a.version
         g.critical = False  # a new attempt: the policy marks it again if the trainer needs it
@@ -320,7 +266,7 @@ class Simulator:
             g.state = GroupState.TRAINED
             del self.groups[uid]
         self.ledger.train(step, [(uid, v) for uid, v, _ in batch])
-        self.tail.trained(step, uids)
+        self.tail_log.trained(step, uids)
         hist = self.metrics.train(step, batch)
         tokens = sum(hist.values())
         wait = self.now - trainer.wait_since
@@ -355,10 +301,7 @@ class Simulator:
         for w in self.workers:
             w.set_slow(self.now, factor)
             if w.alive:
-                w.epoch += 1
-                t = w.next_completion()
-                if t is not None:
-                    self._out.append((t, EventKind.COMPLETION, (w.index, w.epoch)))
+                self._reschedule(w)
 
     def _kick(self, w: Worker, force: bool = False) -> None:
         """After `w` changed: load pending weights when drained, start queued groups, reschedule."""
@@ -372,16 +315,13 @@ class Simulator:
             for g in started:
                 self._started(w, g)
         if changed:
-            w.epoch += 1
-            t = w.next_completion()
-            if t is not None:
-                self._out.append((t, EventKind.COMPLETION, (w.index, w.epoch)))
+            self._reschedule(w)
 
     def _started(self, w: Worker, g: SimGroup) -> None:
         if g.stuck:  # a hung attempt: the watchdog gives up on it stall_timeout_s from now
             self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
         self.ledger.start(g.uid, w.version)
-        self.tail.started(g.uid, w.index, self.now, w.stalled_by(self.now), max(g.rem, default=0))
+        self.tail_log.started(g.uid, w.index, self.now, w.stalled_by(self.now), max(g.rem, default=0))
         self._changed = True
         self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
         if g.state == GroupState.DONE:  # nothing to generate
@@ -389,7 +329,7 @@ class Simulator:
 
     def _finished(self, g: SimGroup, version: int) -> None:
         last = tuple(g.last_versions) if g.last_versions else (version,)
-        self.tail.finished(g.uid, g.worker, self.now, self.workers[g.worker].stalled_by(self.now))
+        self.tail_log.finished(g.uid, g.worker, self.now, self.workers[g.worker].stalled_by(self.now))
         self._changed = self._ask = True
         self._apply(
             self.p.on_group_finished(uid=g.uid, versions=g.versions_list(), now=self.now, last_versions=last),
@@ -400,7 +340,7 @@ class Simulator:
         """Weights `version` go onto `w` (partial rollout books in-flight tokens to the old version)."""
         for g, old, tokens in w.apply_version(self.now, version):
             self._apply(self.p.on_tokens(uid=g.uid, version=old, tokens=tokens, now=self.now), "on_tokens")
-        self.tail.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)
+        self.tail_log.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)
         self._out.append((w.stall_until, EventKind.SYNC_DONE, (w.index, version, w.life)))
 
     def _begin_load(self, w: Worker, version: int) -> None:
@@ -488,13 +428,8 @@ class Simulator:
             lost.append(g)
         lost.extend(queued)
         for g in lost:
-            if g.state == GroupState.DROPPED:
-                continue  # dropped by the policy while we reported the fault
-            if not keep:
-                self.metrics.waste(g.generated)
-                g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
-            g.state = GroupState.LOST
-            self.lost[g.uid] = g
+            if g.state != GroupState.DROPPED:  # not dropped by the policy while we reported the fault
+                self._lose(g, keep=keep)
         self._changed = self._ask = True
         self._check_synced()
         for g in lost:
@@ -514,17 +449,23 @@ class Simulator:
         w.abort(self.now, g)
         self._kick(w, force=True)
         self.stalls += 1
-        self.metrics.waste(g.generated)
-        g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
-        g.state = GroupState.LOST
-        self.lost[uid] = g
+        self._lose(g, keep=False)
         self._changed = self._ask = True
         self._apply(self.p.on_group_lost(uid=uid, prefix_kept=False, now=self.now), "on_group_lost")
+
+    def _lose(self, g: SimGroup, *, keep: bool) -> None:
+        """`g`'s attempt is given up (a fault, a stall); without its prefix (`keep` False) its
+        tokens are wasted and a re-admission regenerates it from the start."""
+        if not keep:
+            self.metrics.waste(g.generated)
+            g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
+        g.state = GroupState.LOST
+        self.lost[g.uid] = g
 
     def _on_restart(self, index: int) -> None:
         w = self.workers[index]
         w.revive(self.now, self.published)
-        self.tail.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)  # a restart loads the newest weights
+        self.tail_log.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)  # a restart loads the newest weights
         self._changed = True
         parked, self.parked = self.parked, []
         for g in parked:
@@ -559,15 +500,6 @@ class Simulator:
             policy_params=dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
             workload=workload_params(self.workload),
             seed=self.seed,
-            tail=tail(self.tail.groups(), steps_from_metrics(self.metrics.steps)),
-            **self._tail_summary(),
+            tail=tail(self.tail_log.groups(), steps_from_metrics(self.metrics.steps)),
+            **self.tail.summary(),
         )
-
-    def _tail_summary(self) -> dict[str, Any]:
-        """The tail's keys, only where speculation or migration is on (older summaries stay as they are)."""
-        out: dict[str, Any] = {}
-        if self.spec_when != "never":
-            out["speculation"] = {**dataclasses.asdict(self.cfg.workers.speculation), "groups_marked": self.marked}
-        if self.migrations:
-            out["groups_migrated"] = self.migrations
-        return out

@@ -1,4 +1,4 @@
-"""The simulator's timing record of each group, for the tail analysis (planner/tools/tail.py).
+"""The simulator's timing record of each group, for the tail analysis (planner/tail_analysis.py).
 
 The simulator calls these hooks at the instants it already handles (admission, a run's start and
 end, a weight load, a batch); `groups()` turns them into `GroupTimes` with the simulator's exact
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from planner.tools.tail import GroupTimes, loaded_s
+from planner.tail_analysis import GroupTimes, loaded_s
 
 
 class TailLog:

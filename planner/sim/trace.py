@@ -1,7 +1,7 @@
 """Workload traces (docs/design.md §8): one group a line, `{"prompt_id": P, "lengths": [l1, ..., ln]}`
 with an optional `"prompt_tokens": m`.
 
-A real run's timing trace (`RUN_DIR/trace.jsonl`, planner/tools/run_trace.py, docs/calibration.md) is
+A real run's timing trace (`RUN_DIR/trace.jsonl`, planner/run_trace.py, docs/calibration.md) is
 read as a workload trace too: its finished groups in admission order, each with its samples'
 lengths and its prompt tokens — so `workload=trace workload.path=RUN_DIR/trace.jsonl` replays the
 run's groups. The format is told apart by its first line (run-trace lines carry `event`).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.tools.run_trace import finished_groups, is_run_trace_line, read_run_trace
+from planner.run_trace import finished_groups, is_run_trace_line, read_run_trace
 
 # Far above any context window, and small enough that a group's or a batch's token sums stay
 # exact in the simulator's int64 arrays (a length of 10^20 does not fit one at all).
@@ -94,7 +94,7 @@ def read_trace(path: str | Path, group_size: int | None = None) -> list[TraceGro
 
 
 def _is_run_trace(path: Path) -> bool:
-    """Whether the file's first non-blank line is a run-trace line (planner/tools/run_trace.py)."""
+    """Whether the file's first non-blank line is a run-trace line (planner/run_trace.py)."""
     with open(path, encoding="utf-8") as fh:
         for line in fh:
             if line.strip():

@@ -1,6 +1,6 @@
 """`python -m planner.calibrate RUN_DIR`: fit the simulator's cost model to a real run's timing trace.
 
-Reads `RUN_DIR/trace.jsonl` (planner/tools/run_trace.py), fits by non-negative least squares
+Reads `RUN_DIR/trace.jsonl` (planner/run_trace.py), fits by non-negative least squares
 
     decode iteration      s = (α·steps + β·tokens + p·prefill_tokens) / speed_w
     trainer step          s = c0 + c1·(response + prompt tokens of the batch)
@@ -64,7 +64,7 @@ from planner.configs import build
 from planner.registry import given_params
 from planner.sim.config import SimConfig, WorkerConfig
 from planner.tools import calibrate_tail, entry
-from planner.tools.run_trace import TRACE_FILE, read_run_trace
+from planner.run_trace import TRACE_FILE, read_run_trace
 
 CALIBRATION_FILE = "calibration.yaml"
 SPEED_ROUNDS = 50  # alternating fits of the coefficients and the worker speeds

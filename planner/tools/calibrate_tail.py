@@ -4,7 +4,7 @@ a trace that holds them (docs/calibration.md), so that a run without them calibr
     speculation(decode_lines, head, coef, speed)  -> {when, acceptance, tokens, draft_cost, max_active} | None
     migration(migrate_lines, prefill, speed)      -> {migration_s, moves} | None
 
-Speculation (`decode` lines with `drafted` > 0, planner/tools/run_trace.py), in the simulator's
+Speculation (`decode` lines with `drafted` > 0, planner/run_trace.py), in the simulator's
 terms (`sim.workers.speculation.*`, planner/sim/config.py):
 
 - acceptance a: the simulator keeps each drafted token with probability a until the first

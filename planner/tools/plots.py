@@ -35,7 +35,7 @@ from planner.ledger import read_ledger  # noqa: E402
 from planner.run_files import METRICS_FILE, STEADY_AFTER, SUMMARY_FILE  # noqa: E402
 from planner.sim.metrics import read_steps  # noqa: E402
 from planner.tools.calibrate import OUTLIER  # noqa: E402
-from planner.tools.run_trace import TRACE_FILE, read_run_trace  # noqa: E402
+from planner.run_trace import TRACE_FILE, read_run_trace  # noqa: E402
 
 ActiveSeries = list[tuple[list[float], list[float]]]  # per worker: (times, active sequences from then on)
 
@@ -73,7 +73,7 @@ def compiling_steps(steps: Sequence[Mapping[str, Any]]) -> set[int]:
 
 
 def trace_active(trace_path: str | Path) -> ActiveSeries:
-    """Active sequences per worker over time, from a run trace (planner/tools/run_trace.py).
+    """Active sequences per worker over time, from a run trace (planner/run_trace.py).
 
     With `decode` lines (engines that time their iterations): between two step ends, the
     iterations' active sequences weighted by their seconds, over the interval's seconds — the

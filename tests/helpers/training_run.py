@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 
 from planner import run_files
-from planner.tools.run_trace import TraceWriter
+from planner.run_trace import TraceWriter
 
 B, N, STEPS, ETA, SLOTS = 2, 2, 12, 1, 16
 LENGTHS, PROMPT = (6, 10), 20  # every group alike: every batch costs the same

@@ -9,10 +9,10 @@ import pytest
 import yaml
 
 from planner.ledger import read_ledger
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.calibrate import calibrate
-from planner.tools.fidelity import compare
-from planner.tools.run_trace import TRACE_FILE, read_run_trace
+from planner.fidelity import compare
+from planner.run_trace import TRACE_FILE, read_run_trace
 from planner.tools.simulate import SimulateConfig, run_simulation
 from tests.helpers.train_runs import make_job, run_within
 

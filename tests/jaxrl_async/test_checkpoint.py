@@ -19,7 +19,7 @@ from jaxrl_async.trainer.batch import pad_batch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.trainer import Trainer
 from planner.configs import build
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from tests.helpers.engines import WithholdingEngine
 from tests.helpers.filesystems import small_filesystem
 from tests.helpers.train_runs import StepProbe, make_job, read_jsonl

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from tests.helpers.cli_runs import (
     finished_checkpoints, launch, lines, saving_checkpoints, trained_prompts, trained_steps, untrained_admits,
     wait_until)

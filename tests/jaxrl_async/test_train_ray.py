@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 from jaxrl_async.job.lifecycle import TrainJob  # noqa: E402
 from jaxrl_async.job.setup import typed_config  # noqa: E402
-from planner.tools.audit import audit  # noqa: E402
+from planner.ledger_audit import audit  # noqa: E402
 from tests.helpers.train_runs import StepProbe, compose_train, read_jsonl, run_within  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")

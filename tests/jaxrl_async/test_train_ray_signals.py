@@ -19,7 +19,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 pytest.importorskip("ray", reason="ray is not installed (pip install -e '.[ray]')")
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
-from planner.tools.audit import audit  # noqa: E402
+from planner.ledger_audit import audit  # noqa: E402
 from tests.helpers.cli_runs import finished_checkpoints, launch, lines, wait_until  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 from jaxrl_async.job.lifecycle import TrainJob  # noqa: E402
 from jaxrl_async.job.setup import typed_config  # noqa: E402
-from planner.tools.audit import audit  # noqa: E402
+from planner.ledger_audit import audit  # noqa: E402
 from tests.helpers.train_runs import compose_train, read_jsonl  # noqa: E402
 
 ETA = 1

@@ -46,14 +46,15 @@ def test_the_jax_engine_states_its_slots_kv_replicas_sync_mode_and_placement():
     config = EngineConfig(num_slots=16, max_len=48, replicas=2, tensor_parallel=1, sync_mode="drain", colocate=False)
     assert ENGINES["jax"].facts(config) == EngineFacts(
         slots_key="num_slots", slots=16, kv_tokens=16 * 48, replicas=2, tensor_parallel=1, sync_mode="drain",
-        colocate=False, places_itself=False)
+        colocate=False, places_itself=False, speculation=config.speculation)
     assert config.name == "jax"
 
 
 def test_the_vllm_engine_places_itself_and_sizes_its_own_cache():
-    facts = ENGINES["vllm"].facts(VllmEngineConfig(max_num_seqs=24, tensor_parallel_size=2, sync_mode="resubmit"))
-    assert facts == EngineFacts(slots_key="max_num_seqs", slots=24, kv_tokens=None, replicas=1, tensor_parallel=2,
-                                sync_mode="resubmit", colocate=False, places_itself=True)
+    config = VllmEngineConfig(max_num_seqs=24, tensor_parallel_size=2, sync_mode="resubmit")
+    assert ENGINES["vllm"].facts(config) == EngineFacts(
+        slots_key="max_num_seqs", slots=24, kv_tokens=None, replicas=1, tensor_parallel=2, sync_mode="resubmit",
+        colocate=False, places_itself=True, speculation=config.speculation)
 
 
 def test_the_default_run_reads_its_trace_and_placement_facts_from_the_jax_entry():
@@ -62,6 +63,7 @@ def test_the_default_run_reads_its_trace_and_placement_facts_from_the_jax_entry(
     meta = trace_meta(setup, placement)
     assert {k: meta[k] for k in ("engine", "workers", "slots", "kv_tokens", "sync_mode", "colocated")} == {
         "engine": "jax", "workers": 1, "slots": 64, "kv_tokens": 64 * 128, "sync_mode": "partial", "colocated": True}
+    assert "speculation" not in meta  # engine.speculation.when=never: nothing to calibrate
     assert placement_summary(setup, placement)["engine"] == {
         "devices": 1, "replicas": 1, "tensor_parallel": 1, "colocate": True, "backend": "jax"}
 
@@ -164,3 +166,10 @@ PROBES = re.compile(r"getattr\((setup\.)?engine\b|engine_name\s*[!=]=|cluster\.n
                          + sorted((REPO / "jaxrl_async" / "cli").glob("*.py")), ids=lambda p: p.name)
 def test_the_run_code_neither_probes_an_engine_config_nor_branches_on_a_name(path: Path):
     assert [line for line in path.read_text().splitlines() if PROBES.search(line)] == []
+
+
+def test_a_speculating_engines_run_line_carries_its_speculation_section():
+    setup = typed_config(compose_train(["engine.speculation.when=critical", "engine.speculation.tokens=5"]))
+    meta = trace_meta(setup, plan_run_placement(setup))
+    assert meta["speculation"] == {"when": "critical", "method": "ngram", "tokens": 5, "draft_model": None,
+                                   "ngram": 2, "max_active": 8}

@@ -14,7 +14,7 @@ import pytest
 
 from planner.registry import make_policy
 from planner.sim.recorder import EventRecorder, first_divergence
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import PlanContext
 from tests.helpers.train_runs import make_job, read_jsonl
 

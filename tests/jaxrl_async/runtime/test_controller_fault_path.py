@@ -24,7 +24,7 @@ from jaxrl_async.runtime.metrics import METRICS_FILE
 from jaxrl_async.runtime.outbox import Abort, Submit
 from jaxrl_async.runtime.state import from_json, to_json
 from planner.ledger import LEDGER_FILE
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import Admission, Decision, Drop, GroupState
 from tests.helpers.controller_harness import InstantTrainer, MemoryCheckpointer, ScriptedEngine, make_controller, run
 from tests.helpers.train_runs import StepProbe, read_jsonl

@@ -12,7 +12,7 @@ import pytest
 
 from jaxrl_async.engines.base import GenerationEngine, SampleOutput
 from jaxrl_async.runtime.liveness import EngineHungError
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from tests.helpers.engines import SilentRequestEngine, SlowRequestEngine, WrappedEngine
 from tests.helpers.train_runs import StepProbe, make_job, read_jsonl, run_within
 

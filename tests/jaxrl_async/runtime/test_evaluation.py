@@ -7,7 +7,7 @@ from jaxrl_async.engines.base import SampleOutput
 from jaxrl_async.runtime.evaluation import EngineEval, EvalScheduler, is_eval_request
 from jaxrl_async.tasks.base import Prompt
 from planner.ledger import LEDGER_FILE, read_ledger
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from tests.helpers.train_runs import make_job, read_jsonl
 
 RUN = ["steps=6", "batch_groups=2", "group_size=4", "max_new_tokens=6", "eval.every=2", "eval.prompts=3"]

@@ -3,7 +3,7 @@
 import pytest
 
 from planner.ledger import read_ledger
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from tests.helpers.tail_policies import MigrateOnFirstTokens
 from tests.helpers.train_runs import make_job, read_jsonl
 

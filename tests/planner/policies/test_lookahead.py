@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.policies.lookahead import Lookahead, LookaheadParams
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import Candidate, GroupState, PlanContext
 from tests.helpers.adversarial import AdversarialDriver
 

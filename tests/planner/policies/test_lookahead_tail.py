@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from planner.policies.lookahead import Lookahead, LookaheadParams
 from planner.sim import EventRecorder, SimConfig, Simulator, first_divergence, make_workload
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import Candidate, PlanContext
 from tests.helpers.adversarial import AdversarialDriver
 

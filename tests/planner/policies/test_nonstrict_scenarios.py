@@ -26,7 +26,7 @@ import planner.policies  # noqa: F401  (registers every policy)
 from planner.ledger import read_ledger
 from planner.registry import POLICIES, make_policy, policy_class
 from planner.sim.trace import TraceGroup, write_trace
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.simulate import SimulateConfig, run_simulation
 from planner.types import PlanContext
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from planner.registry import make_policy
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.simulate import SimulateConfig, run_simulation
 from planner.types import PlanContext
 from tests.helpers.scripted import ScriptedDriver

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from planner.registry import make_policy
 from planner.sim.trace import TraceGroup, write_trace
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.simulate import SimulateConfig, run_simulation
 from planner.types import PlanContext
 from tests.helpers.scripted import ScriptedDriver

@@ -9,7 +9,7 @@ import planner.policies  # noqa: F401  (registers the baselines)
 import planner.policies.lookahead  # noqa: F401
 from planner.registry import make_policy
 from planner.sim import SimConfig, SimTrainerConfig, WorkerConfig
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import PlanContext
 from tests.planner.sim.test_simulator import simulate
 from tests.planner.sim.test_workers import group, worker

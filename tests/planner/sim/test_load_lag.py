@@ -9,7 +9,7 @@ import planner.policies.lookahead  # noqa: F401
 from planner.ledger import read_ledger
 from planner.registry import make_policy
 from planner.sim import SimConfig, SimTrainerConfig, WorkerConfig
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import PlanContext
 from tests.planner.sim.test_simulator import simulate
 

@@ -12,7 +12,7 @@ from planner.ledger import LedgerWriter, read_ledger
 from planner.registry import make_policy
 from planner.sim import FaultConfig, SimConfig, Simulator, SimTrainerConfig, WorkerConfig, make_workload
 from planner.sim.trace import TraceGroup, write_trace
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import PlanContext
 from tests.helpers.sim_policies import FifoCapped, NeverTrains
 

@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from planner.configs import build
 from planner.registry import POLICIES, policy_class
 from planner.sim.config import FaultConfig
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.simulate import SimulateConfig, run_simulation
 
 policy_class("lookahead")  # registers every policy

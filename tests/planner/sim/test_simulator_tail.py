@@ -12,7 +12,7 @@ from planner.ledger import LedgerWriter
 from planner.policies.lookahead import Lookahead, LookaheadParams
 from planner.registry import make_policy
 from planner.sim import SimConfig, Simulator, make_workload
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.types import PlanContext
 
 CTX = PlanContext(batch_groups=8, group_size=4, max_staleness=1, total_steps=20)
@@ -109,13 +109,13 @@ def test_a_migration_target_is_strictly_less_loaded_holds_the_weights_and_has_ro
     g.remaining = 2
     src.active, a.active, b.active = 6, 1, 3
     src.version, a.version, b.version = 2, 2, 2
-    assert sim._migration_target(src, g) is a  # the least loaded other worker
+    assert sim.tail.target(src, g) is a  # the least loaded other worker
     a.version = 1  # older weights than the group's tokens on src: its new tokens would be staler
-    assert sim._migration_target(src, g) is b
+    assert sim.tail.target(src, g) is b
     b.active = 4  # 4 + 2 = 6 is not strictly less than the source's 6
-    assert sim._migration_target(src, g) is None
+    assert sim.tail.target(src, g) is None
     b.active, b.max_seqs = 1, 2  # no room for the group's 2 sequences beside 1 active
-    assert sim._migration_target(src, g) is None
+    assert sim.tail.target(src, g) is None
 
 
 def test_a_mark_for_a_group_that_finished_at_the_same_instant_is_let_go():

@@ -10,9 +10,9 @@ import planner.policies.lookahead  # noqa: F401
 from planner.ledger import LedgerWriter
 from planner.registry import make_policy
 from planner.sim import SimConfig, Simulator, WorkerConfig, make_workload
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.sim.tail_log import TailLog
-from planner.tools.tail import critical_groups
+from planner.tail_analysis import critical_groups
 from planner.types import PlanContext
 
 CTX = PlanContext(batch_groups=8, group_size=4, max_staleness=1, total_steps=20)
@@ -31,7 +31,7 @@ def heavy_tail_run(tmp_path, cfg=None):
 def test_each_steps_critical_group_is_among_its_batchs_longest_on_a_heavy_tailed_run(tmp_path):
     sim, result, run_dir = heavy_tail_run(tmp_path)
     assert audit(run_dir, CTX.max_staleness).ok
-    groups = sim.tail.groups()
+    groups = sim.tail_log.groups()
     assert len(groups) == CTX.batch_groups * CTX.total_steps
     critical = critical_groups(groups)
     assert len(critical) == CTX.total_steps
@@ -49,14 +49,14 @@ def test_each_steps_critical_group_is_among_its_batchs_longest_on_a_heavy_tailed
 def test_a_simulated_groups_phases_add_up_to_its_run_and_its_decode_is_its_steps_at_their_cost(tmp_path):
     sim, _, _ = heavy_tail_run(tmp_path)
     w = SimConfig().workers
-    for g in sim.tail.groups():
+    for g in sim.tail_log.groups():
         run = g.finish_s - g.start_s
         assert abs(g.decode_s + g.load_s + g.prefill_s - run) < 1e-6
         # a decode step costs alpha + beta·active with 1 <= active <= max_concurrency
         assert g.decode_steps * w.decode_alpha * (1 - 1e-9) <= g.decode_s
         assert g.decode_s <= g.decode_steps * (w.decode_alpha + w.decode_beta * w.max_concurrency) * (1 + 1e-9)
         assert g.prefill_s >= 0 and g.load_s >= 0
-    assert any(g.load_s > 0 for g in sim.tail.groups())  # non-trivial: weight loads interrupt runs
+    assert any(g.load_s > 0 for g in sim.tail_log.groups())  # non-trivial: weight loads interrupt runs
 
 
 def test_with_a_constant_step_cost_a_simulated_groups_decode_is_exactly_its_steps_at_that_cost(tmp_path):
@@ -64,7 +64,7 @@ def test_with_a_constant_step_cost_a_simulated_groups_decode_is_exactly_its_step
     (its own prefill, others', a weight load) booked as decode shows."""
     cfg = SimConfig(workers=WorkerConfig(decode_beta=0.0, prefill_per_token=1e-3))
     sim, _, _ = heavy_tail_run(tmp_path, cfg)
-    groups = sim.tail.groups()
+    groups = sim.tail_log.groups()
     assert all(abs(g.decode_s - g.decode_steps * cfg.workers.decode_alpha) < 1e-6 for g in groups)
     assert all(g.prefill_s > 0 for g in groups)  # non-trivial: every run is stalled by prefill
 

@@ -12,7 +12,7 @@ import yaml
 from planner.configs import build
 from planner.sim import SimConfig
 from planner.tools.calibrate import calibrate, main, nnls
-from planner.tools.run_trace import TraceWriter
+from planner.run_trace import TraceWriter
 from planner.tools.simulate import SimulateConfig, sim_overrides
 
 ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01, 0.003

@@ -10,7 +10,7 @@ from planner.configs import build
 from planner.sim.config import SimConfig, WorkerConfig
 from planner.tools.calibrate import calibrate
 from planner.tools.calibrate_tail import acceptance_from_kept
-from planner.tools.run_trace import TraceWriter
+from planner.run_trace import TraceWriter
 
 ALPHA, BETA, PREFILL, C0, C1 = 0.002, 1e-4, 5e-5, 0.05, 2e-5
 A, K, DRAFT_COST, MIGRATION_S = 0.6, 4, 0.3, 0.02

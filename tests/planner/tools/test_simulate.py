@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from planner.run_files import SUMMARY_KEYS
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.simulate import SimulateConfig, SimulateKeys, calibration_mismatch
 from tests.helpers import REPO
 from tests.helpers.docstrings import undocumented_fields

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from planner.tools.audit import audit
+from planner.ledger_audit import audit
 from planner.tools.simulate import SimulateConfig, run_simulation
 from planner.tools.tune import TuneConfig, choose, compose, prepare, rank, split, tune
 from tests.helpers import REPO

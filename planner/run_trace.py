@@ -26,9 +26,17 @@ clock, earlier segments of a resumed run included (the runtime's `Controller.now
         from replica `from` to `to`; s: the move took this long (abort, transfer, re-prefill, up to
         the target's first token); prefill_tokens: prompt + prefix tokens the target prefilled
 
-The `run` line may carry `"speculation": {"when", "tokens", "max_active"}` (an engine that
-speculates: `engine.speculation.*`); `planner.calibrate` needs `tokens` (k) to turn the measured
-share of drafted tokens kept into the simulator's per-token acceptance.
+The `run` line carries `"speculation": {"when", "method", "tokens", "draft_model", "ngram",
+"max_active"}` when the engine speculates (`engine.speculation.*`, when ≠ never; the engine's facts,
+jaxrl_async/engines/registry.py); `planner.calibrate` needs `tokens` (k) to turn the measured share
+of drafted tokens kept into the simulator's per-token acceptance.
+
+`LINES` below is this list as code, the one both sides use: `TraceWriter.write` refuses a line
+that misses a required key or carries one the schema does not declare, and `read_run_trace` hands
+the readers `TraceLine`s, which refuse to read an undeclared key. So every key a reader takes is
+declared, and a real run's trace holds every declared key (tests/jaxrl_async/runtime/
+test_tracing.py) — but `migrate`, which the runtime does not trace yet: its lines come from
+hand-written traces only.
 
 `decode` lines aggregate the engine's iterations between two step ends, per worker and per mean
 active count (round(tokens / steps)): one line per decode call would be thousands a step. The sums
@@ -52,35 +60,116 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.jsonl import JsonlWriter, read_jsonl_lines
 
 TRACE_FILE = "trace.jsonl"
-EVENTS = ("run", "admit", "start", "finish", "lost", "drop", "train", "publish", "load", "synced", "decode",
-          "migrate")
-# The fields each event must carry besides `event` and `t` (what the readers rely on).
-FIELDS = {
-    "run": ("step", "group_size", "workers", "slots"),
-    "admit": ("uid", "attempt", "prompt_id", "prompt_tokens", "version"),
-    "start": ("uid", "attempt", "version", "worker"),
-    "finish": ("uid", "attempt", "lengths"),
-    "lost": ("uid", "attempt"),
-    "drop": ("uid",),
-    "train": ("step", "start", "end", "groups", "tokens", "prompt_tokens"),
-    "publish": ("version",),
-    "load": ("version", "worker", "s"),
-    "synced": ("version",),
-    "decode": ("worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"),
-    "migrate": ("uid", "from", "to", "s"),
+
+
+@dataclass(frozen=True)
+class LineKeys:
+    """The keys a line kind carries besides `event` and `t`: `required` on every line (the reader
+    refuses a line without one), `optional` where the run has the feature (a speculating engine,
+    a colocated one, ...)."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset(("event", "t", *self.required, *self.optional))
+
+
+# The schema: every line kind and its keys. The writer writes nothing outside it and the readers
+# read nothing outside it (`TraceLine`), so a key a reader takes is a key some writer writes
+# (tests/jaxrl_async/runtime/test_tracing.py holds a real run's trace to it).
+LINES = {
+    "run": LineKeys(("step", "group_size", "workers", "slots"),
+                    ("policy", "max_staleness", "batch_groups", "admission_window", "max_new_tokens", "engine",
+                     "kv_tokens", "sync_mode", "colocated", "speculation")),
+    "admit": LineKeys(("uid", "attempt", "prompt_id", "prompt_tokens", "version")),
+    "start": LineKeys(("uid", "attempt", "version", "worker")),
+    "finish": LineKeys(("uid", "attempt", "lengths")),
+    "lost": LineKeys(("uid", "attempt")),
+    "drop": LineKeys(("uid",)),
+    "train": LineKeys(("step", "start", "end", "groups", "tokens", "prompt_tokens")),
+    "publish": LineKeys(("version",)),
+    "load": LineKeys(("version", "worker", "s")),
+    "synced": LineKeys(("version",)),
+    "decode": LineKeys(("worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"),
+                       ("compile", "train", "drafted", "accepted")),
+    "migrate": LineKeys(("uid", "from", "to", "s"), ("prefill_tokens",)),
 }
+EVENTS = tuple(LINES)
+# A section a line nests: the run line's `speculation` is the engine's `engine.speculation.*`.
+SECTIONS = {("run", "speculation"): LineKeys((), ("when", "method", "tokens", "draft_model", "ngram", "max_active"))}
+
+
+class TraceLine(dict):
+    """One line as the readers get it: a dict that refuses to read a key its kind does not
+    declare (`LINES`), so that a reader cannot come to depend on a key no writer writes. A
+    declared key the line lacks reads as usual (`get` gives None, `[]` raises KeyError)."""
+
+    __slots__ = ("kind", "keys_allowed")
+
+    def __init__(self, obj: dict[str, Any], kind: str, keys: LineKeys) -> None:
+        super().__init__(obj)
+        self.kind, self.keys_allowed = kind, keys.allowed
+        for (owner, name), section in SECTIONS.items():
+            if owner == kind and isinstance(obj.get(name), dict):
+                dict.__setitem__(self, name, TraceLine(obj[name], f"{kind}.{name}", section))
+
+    def _check(self, key: Any) -> None:
+        if key not in self.keys_allowed:
+            raise KeyError(f"{key!r}: not a key of a trace {self.kind} line (planner/run_trace.py LINES declares "
+                           f"{', '.join(sorted(self.keys_allowed))})")
+
+    def __getitem__(self, key: Any) -> Any:
+        self._check(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._check(key)
+        return dict.get(self, key, default)
+
+    def __contains__(self, key: Any) -> bool:
+        self._check(key)
+        return dict.__contains__(self, key)
+
+
+def undeclared(event: str, fields: dict[str, Any]) -> str | None:
+    """What is wrong with a line of kind `event` carrying `fields` (besides `event` and `t`) by
+    the schema: an unknown kind, a missing required key, a key or a section key it does not
+    declare; None when nothing is."""
+    keys = LINES.get(event)
+    if keys is None:
+        return f"'{event}' is not a trace line kind (known: {', '.join(EVENTS)})"
+    missing = [k for k in keys.required if k not in fields]
+    if missing:
+        return f"a {event} line misses '{missing[0]}'"
+    extra = sorted(set(fields) - keys.allowed)
+    if extra:
+        return f"a {event} line declares no '{extra[0]}' (add it to planner/run_trace.py LINES and a reader)"
+    for (owner, name), section in SECTIONS.items():
+        if owner == event and isinstance(fields.get(name), dict):
+            extra = sorted(set(fields[name]) - section.allowed)
+            if extra:
+                return f"a {event} line's {name} declares no '{extra[0]}' (planner/run_trace.py SECTIONS)"
+    return None
 
 
 class TraceWriter(JsonlWriter):
     """Buffered trace lines; `flush(sync=True)` at the runtime's step ends (as the ledger)."""
 
     def write(self, event: str, t: float, **fields: Any) -> None:
+        """One line; a ValueError for a line the schema (`LINES`) does not hold, before anything
+        is written: a writer cannot drift from what the readers read."""
+        wrong = undeclared(event, fields)
+        if wrong is not None:
+            raise ValueError(f"{self.path}: {wrong}")
         self.append({"event": event, "t": round(t, 6), **fields})
 
     def decode(self, t: float, calls: list[tuple]) -> None:
@@ -117,7 +206,7 @@ def during_steps(start: float, seconds: float, windows: list[tuple[float, float]
     return any(a <= mid < b for a, b in windows)
 
 
-def read_run_trace(path: str | Path) -> Iterator[dict[str, Any]]:
+def read_run_trace(path: str | Path) -> Iterator[TraceLine]:
     """Yield the trace's events; a malformed line is a one-line ValueError naming file and line.
     A last line without its newline that is not valid JSON is a write torn by a kill: skipped."""
     path = Path(path)
@@ -127,16 +216,17 @@ def read_run_trace(path: str | Path) -> Iterator[dict[str, Any]]:
         yield check_event(obj, f"{path}:{lineno}")
 
 
-def check_event(obj: Any, where: str) -> dict[str, Any]:
+def check_event(obj: Any, where: str) -> TraceLine:
     if not isinstance(obj, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
     event = obj.get("event")
-    if event not in FIELDS:
+    if event not in LINES:
         raise ValueError(f"{where}: 'event'={event!r}: not a run-trace event (known: {', '.join(EVENTS)})")
-    for name in ("t", *FIELDS[event]):
+    keys = LINES[event]
+    for name in ("t", *keys.required):
         if name not in obj:
             raise ValueError(f"{where}: {event} line misses field '{name}'")
-    return obj
+    return TraceLine(obj, event, keys)
 
 
 def is_run_trace_line(obj: Any) -> bool:

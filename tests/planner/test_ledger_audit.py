@@ -1,6 +1,6 @@
 """The audit recomputes staleness from the ledger alone and fails on every kind of broken promise.
 
-One minimal failing ledger per rule of `planner/tools/audit.py` (docs/design.md §8.2), each asserting
+One minimal failing ledger per rule of `planner/ledger_audit.py` (docs/design.md §8.2), each asserting
 that specific finding, next to the boundary case that passes. A new rule in the audit gets its
 fixture here.
 """
@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from planner.ledger import LedgerError, LedgerWriter
-from planner.tools.audit import audit, main
-from planner.tools.length_bias import ks_statistic, length_bias
+from planner.ledger_audit import audit
+from planner.length_bias import ks_statistic, length_bias
+from planner.tools.audit import main
 from planner.types import Admission, Drop, Move
 
 # ---------------------------------------------------------------- raw ledger lines

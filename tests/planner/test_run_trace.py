@@ -1,4 +1,4 @@
-"""The run's timing trace (planner/tools/run_trace.py): written buffered, read back line-checked, torn
+"""The run's timing trace (planner/run_trace.py): written buffered, read back line-checked, torn
 last lines skipped, engine iterations aggregated into sufficient sums, groups for a replay."""
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from planner.sim.trace import read_trace
-from planner.tools.run_trace import TraceWriter, during_steps, finished_groups, read_run_trace
+from planner.run_trace import TraceWriter, during_steps, finished_groups, read_run_trace
 
 
 def write(path, events):
@@ -100,3 +100,30 @@ def test_speculating_iterations_get_lines_of_their_own_with_drafted_and_accepted
     spec = [e for e in lines if "drafted" in e]
     assert [(e["active"], e["calls"], e["steps"]) for e in plain] == [(2, 2, 5)]  # a plain one is unchanged
     assert [(e["active"], e["tokens"], e["drafted"], e["accepted"]) for e in spec] == [(2, 14, 16, 6)]
+
+
+def test_the_writer_refuses_a_line_the_schema_does_not_hold_and_writes_nothing_of_it(tmp_path):
+    w = TraceWriter(tmp_path / "trace.jsonl")
+    with pytest.raises(ValueError, match="declares no 'spec'"):
+        w.write("run", 0.0, step=0, group_size=2, workers=1, slots=4, spec={"tokens": 4})
+    with pytest.raises(ValueError, match="a finish line misses 'lengths'"):
+        w.write("finish", 0.0, uid=0, attempt=0)
+    with pytest.raises(ValueError, match="'commit' is not a trace line kind"):
+        w.write("commit", 0.0)
+    with pytest.raises(ValueError, match="speculation declares no 'k'"):
+        w.write("run", 0.0, step=0, group_size=2, workers=1, slots=4, speculation={"k": 4})
+    w.close()
+    assert (tmp_path / "trace.jsonl").read_text() == ""
+
+
+def test_a_reader_cannot_read_a_key_its_line_kind_does_not_declare(tmp_path):
+    write(tmp_path / "trace.jsonl", [{**RUN, "speculation": {"when": "always", "tokens": 4}},
+                                     {"event": "decode", "t": 1.0, "worker": 0, "active": 1, "calls": 1, "steps": 2,
+                                      "tokens": 3, "prefill_tokens": 0, "s": 0.1}])
+    run, decode = read_run_trace(tmp_path / "trace.jsonl")
+    assert run["speculation"]["tokens"] == 4 and run.get("kv_tokens") is None  # declared, absent: None
+    assert decode.get("drafted") is None and "compile" not in decode
+    with pytest.raises(KeyError, match="'uid': not a key of a trace decode line"):
+        decode.get("uid")
+    with pytest.raises(KeyError, match="'k': not a key of a trace run.speculation line"):
+        run["speculation"].get("k")
