@@ -11,34 +11,24 @@
    into its first slot, several prompts packed into one row (`prefill`, packing.py), and the
    prefix is copied into the prompt's other `n - 1` slots;
 3. one decode call for every slot: up to `decode_steps_per_call` (k) decode steps in one jitted
-   loop, each feeding each slot's last token and sampling the next one; a slot stops on device
-   at a stop token or at its max_new_tokens, and the loop ends once every slot has stopped. The
-   host then appends each slot's valid tokens, finishes samples and streams pieces exactly as k
-   one-step iterations would (sampling keys depend on (seed, sample, token index) only, so the
-   tokens are the same for every k). Commands (aborts, new weights, admission of new requests)
-   act between calls, so they wait up to k - 1 decode steps longer than with k = 1; version
-   tags stay exact, since weights only change between calls. With `engine.speculation.*` on, the
-   `Speculator` (speculator.py) may make the call draft-and-verify passes instead.
+   loop; a slot stops on device at a stop token or at its max_new_tokens. The host appends each
+   slot's valid tokens, finishes samples and streams pieces exactly as k one-step iterations
+   would (sampling keys depend on (seed, sample, token index) only: the same tokens for every
+   k). Commands act between calls (up to k - 1 steps later than with k = 1); version tags stay
+   exact. With `engine.speculation.*` on, the `Speculator` (speculator.py) may make the call
+   draft-and-verify passes instead.
 
 The decode call attends over the live bucket only (compiles.py: what compiles, and when).
 Everything is deterministic given the submitted requests and their seeds, so tests drive the
-core directly; `JaxEngine` (engine.py) runs it in a thread for the async runtime, and its
-`make_core` picks this core or the paged one (paged.py). The host state — slots, live requests —
-is slots.py's public API, which migration.py and paged.py use.
+core directly; `JaxEngine` (engine.py) runs it in a thread, and its `make_core` picks this core
+or the paged one (paged.py). The host state is slots.py's public API (migration.py and paged.py
+use it). Weights are kept in the generation layout (`inference_weights`: one array per layer),
+made by one jitted copy when installed, beside a per-layer KV cache.
 
-The engine keeps its weights in the generation layout (`inference_weights`: one array per
-layer), made by one jitted copy when weights are installed, and a per-layer KV cache.
-
-Placement: without a mesh, the cache goes to the weights' (first) device. With a
-`jax.sharding.Mesh` (axes data / fsdp / tensor, typically (1, 1, T): one engine replica over T
-devices), the weights take the model's logical-axis table (`sharding.param_shardings`: heads,
-kv heads, MLP and vocab on `tensor`) and the cache `sharding.cache_shardings`. The core's steps
-are then jitted per core with explicit `out_shardings` (layout.py), so every step returns the
-cache in the layout it was given and every weight install produces the same layout. Pushed
-weights of any layout are moved onto the mesh device to device, never through the host.
-
-Left out on purpose: chunked prefill of a prompt longer than one call, prefix caching across
-requests.
+Placement: without a mesh, the cache goes to the weights' (first) device. With a (data, fsdp,
+tensor) `Mesh` (typically (1, 1, T)), weights and cache take the sharding table and the steps
+are jitted per core with explicit `out_shardings` (layout.py), so every step and weight install
+keeps that layout. Left out on purpose: chunked prefill, prefix caching across requests.
 """
 
 from __future__ import annotations
@@ -69,13 +59,10 @@ from jaxrl_async.sharding import cache_shardings, param_shardings
 class EngineCore:
     """Continuous batching over `config.num_slots` slots of one model (see module docstring).
 
-    Public state for its collaborators (migration.py, paged.py, speculator.py): `slots`
-    (slots.Slots), `requests` (slots.LiveRequests), `queue` (scheduler.RequestQueue), `arrivals`
-    (migrated samples waiting for a slot), `counters`, and `prefill`. Not thread-safe: call
-    every method from one thread (JaxEngine's worker thread).
-
-    `mesh`: None keeps the weights on the model's device and the cache on that device; a
-    (data, fsdp, tensor) mesh places both with the sharding table (see the module docstring).
+    Its public slot API (migration.py, paged.py, speculator.py use it): `slots`, `requests`
+    (slots.py), `queue`, `arrivals` (migrated samples waiting for a slot), `counters`, `prefill`.
+    `mesh`: None keeps weights and cache on the model's device (see the module docstring).
+    Not thread-safe: call every method from one thread (JaxEngine's worker thread).
     """
 
     def __init__(self, model: nnx.Module, model_config: ModelConfig, config: EngineConfig,
@@ -167,11 +154,8 @@ class EngineCore:
     # ------------------------------------------------------------------ commands
 
     def check_request(self, request: GenerationRequest) -> None:
-        """Raise a one-line ValueError naming the request when it can never run on this engine
-        (`RequestLimits.check`, the rule the vLLM engine shares).
-
-        Reads only the configs, so any thread may call it; `submit` adds the duplicate-id check.
-        """
+        """A one-line ValueError naming the request when it can never run here (`RequestLimits`,
+        shared with vLLM). Reads only configs: any thread may call it."""
         self.limits.check(request)
 
     def submit(self, request: GenerationRequest) -> None:
@@ -211,21 +195,15 @@ class EngineCore:
 
     def check_params(self, params: Any) -> dict:
         """Validate new weights against the engine's (ValueError naming the leaf) and copy them
-        into the generation layout (`inference_weights`), on the engine's devices.
-
-        With a mesh, jax arrays of this process are first regrouped on their own devices
-        (`regroup_for`), so that the move onto the engine's layout copies device buffers.
-        """
+        into the generation layout on the engine's devices (with a mesh: device to device,
+        layout.regrouped)."""
         if self.mesh is not None:
             params = layout.regrouped(params, self._reference)
         return self._steps.install(accept_params(self._reference, params))
 
     def update_weights(self, params: Any, version: int) -> None:
-        """Swap weights now ("partial") or once in-flight samples finish ("drain").
-
-        `params` is an nnx.State (or its pure dict) of the model's `nnx.Param`s. A newer update
-        replaces one still pending.
-        """
+        """Swap weights now ("partial") or once in-flight samples finish ("drain"); `params`: an
+        nnx.State (or pure dict) of the model's `nnx.Param`s. A newer update replaces a pending one."""
         self.install_weights(self.check_params(params), version)
 
     def install_weights(self, weights: dict, version: int) -> None:

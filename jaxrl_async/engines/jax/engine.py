@@ -55,6 +55,8 @@ class Submit:
 
 @dataclass(frozen=True)
 class Abort:
+    """End `request_id`'s unfinished samples (their pieces go out as "abort")."""
+
     request_id: str
 
 
@@ -69,11 +71,15 @@ class Detach:
 
 @dataclass(frozen=True)
 class Attach:
+    """Continue a `MovedRequest`'s samples on this core (counted in `_live` already)."""
+
     moved: MovedRequest
 
 
 @dataclass(frozen=True)
 class MarkCritical:
+    """`request_id`'s samples draft from now on (engine.speculation.when=critical)."""
+
     request_id: str
 
 
