@@ -19,6 +19,9 @@ arrive on another, generated prefix kept (engines/migration.py has the travellin
   front marks it again on the target); the n-gram draft reads the arrival's prompt + prefix, what
   it would have read unmoved.
 
+Migration reads and changes a core only through its public slot API (`MigratingCore`: slots.py's
+`Slots` and `LiveRequests`, the queue, the arrivals list, `prefill`), and imports no core.
+
 Every sample still ends with exactly one done piece: the source never sends one for a moved
 sample, the target sends it when the sample stops, reaches its length or is aborted.
 
