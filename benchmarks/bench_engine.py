@@ -34,7 +34,8 @@ from flax import nnx
 from transformers import AutoModelForCausalLM
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.models.hf_weights import save_hf
 from jaxrl_async.models.loading import load_model
 from jaxrl_async.models.transformer import dense, inference_weights

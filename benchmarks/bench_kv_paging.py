@@ -40,7 +40,9 @@ from flax import nnx
 
 from bench_decode import SHAPES, bucket, slot_inputs  # benchmarks/, beside this script
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-from jaxrl_async.engines.jax.core import LIVE_BUCKET_LIMITS, EngineConfig, make_core
+from jaxrl_async.engines.jax.compiles import LIVE_BUCKET_LIMITS
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.engine import make_core
 from jaxrl_async.engines.jax.paged_attention import IMPLEMENTATIONS, init_paged_cache, kernel_for
 from jaxrl_async.engines.jax.steps import engine_decode_steps
 from jaxrl_async.models.config import ModelConfig
@@ -73,7 +75,7 @@ def capacity(args, model, cfg: ModelConfig, paged: bool) -> dict:
     start = time.perf_counter()
     while core.has_work():
         core.step()
-        live = [s for s in core._slots if s is not None]
+        live = [s for s in core.slots.seqs if s is not None]
         active.append(len(live))
         backlogged.append(core.queued > 0)
         used.append(stored_positions(core, paged))
@@ -96,9 +98,9 @@ def stored_positions(core, paged: bool) -> int:
     """KV positions holding a live sample's keys and values: a contiguous slot stores its own
     copy of the prompt; a page shared by a group's samples is counted once."""
     if not paged:
-        return sum(s.position for s in core._slots if s is not None)
+        return sum(s.position for s in core.slots.seqs if s is not None)
     ps, filled = core.config.page_size, {}
-    for slot, seq in enumerate(core._slots):
+    for slot, seq in enumerate(core.slots.seqs):
         if seq is not None:
             for j, page in enumerate(core.pages.pages[slot]):
                 filled[page] = max(filled.get(page, 0), min(ps, max(0, seq.position - j * ps)))

@@ -58,7 +58,7 @@ from flax import nnx
 
 from jaxrl_async.cluster.placement import plan_placement
 from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer

@@ -37,7 +37,8 @@ from pathlib import Path
 import numpy as np
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.loading import load_model
 from jaxrl_async.tasks.base import build_task

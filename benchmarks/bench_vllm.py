@@ -65,9 +65,10 @@ async def _measure(engine, args, params) -> dict:
 async def main(args) -> None:
     from flax import nnx
 
-    from jaxrl_async.engines.jax.core import EngineConfig
+    from jaxrl_async.engines.jax.config import EngineConfig
     from jaxrl_async.engines.jax.engine import JaxEngine
-    from jaxrl_async.engines.vllm.engine import VllmEngineConfig, make_engine
+    from jaxrl_async.engines.vllm.config import VllmEngineConfig
+    from jaxrl_async.engines.vllm.engine import make_engine
     from jaxrl_async.models import Transformer
     from jaxrl_async.models.loading import LoadedModel
 

@@ -1,9 +1,13 @@
-"""Import boundaries: planner/ stays pure (no jax, asyncio or jaxrl_async), and the runtime does
-not depend on where its processes run (no jaxrl_async.cluster from jaxrl_async/runtime/)."""
+"""Import boundaries: planner/ stays pure (no jax, asyncio or jaxrl_async), the runtime does
+not depend on where its processes run (no jaxrl_async.cluster from jaxrl_async/runtime/), the
+engine configs load no backend, and the engine modules import each other without a cycle."""
 
 from __future__ import annotations
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,26 +56,6 @@ def test_only_the_command_shims_import_the_command_lines():
     assert [(p.name, name) for p in shared for name in imports(p) if name in commands] == []
 
 
-# Config modules that typing a config (and `--help`) imports: none may pull in a heavy package.
-# Read from a fresh interpreter's sys.modules, so an import made by anything they import counts.
-RAY_CONFIGS = ("jaxrl_async.cluster.ray.config", "jaxrl_async.cluster.config")
-HEAVY = ("jax", "jaxlib", "flax", "optax", "ray", "vllm", "torch")
-
-
-def test_the_cluster_configs_import_no_jax_flax_ray_vllm_or_torch():
-    import os
-    import subprocess
-    import sys
-
-    probe = ("import importlib, sys; importlib.import_module(sys.argv[1]); "
-             "print(' '.join(sorted({name.split('.')[0] for name in sys.modules})))")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    for module in RAY_CONFIGS:
-        loaded = subprocess.run([sys.executable, "-c", probe, module], cwd=REPO, env=env, capture_output=True,
-                                text=True, check=True).stdout.split()
-        assert sorted(set(loaded) & set(HEAVY)) == [], f"importing {module} imports them"
-
-
 # The `python -m planner.audit|tail|...` shims: they only forward to planner/tools/ (or re-export
 # a command's functions under the stable name, planner/plots.py).
 PLANNER_COMMAND_SHIMS = tuple(f"planner/{name}.py" for name in
@@ -85,3 +69,65 @@ def test_only_the_command_shims_and_the_trainer_commands_import_the_planner_comm
     found = [line for folder in ("planner", "jaxrl_async") for line in offenders(folder, ("planner.tools",))
              if not line.startswith(("planner/tools/", "jaxrl_async/cli/", *PLANNER_COMMAND_SHIMS))]
     assert found == []
+
+
+# Engine and cluster config modules: typing a run's config and `--help` load no backend (docs/design.md §6).
+CONFIG_MODULES = ("jaxrl_async.engines.jax.config", "jaxrl_async.engines.vllm.config",
+                  "jaxrl_async.engines.speculation", "jaxrl_async.cluster.ray.config",
+                  "jaxrl_async.cluster.config")
+BACKENDS = ("jax", "jaxlib", "flax", "optax", "ray", "vllm", "torch")
+
+
+def test_the_config_modules_import_no_backend_not_even_transitively():
+    """In a fresh interpreter, so that what the modules pull in through other packages counts
+    (EngineConfig once reached flax through the models package's `__init__`)."""
+    code = ("import importlib, sys\n"
+            f"for name in {CONFIG_MODULES!r}: importlib.import_module(name)\n"
+            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({BACKENDS!r})))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def package_graph(folder: str) -> dict[str, set[str]]:
+    """module -> the modules of the same package it imports, at module level, inside a function or
+    under TYPE_CHECKING alike (`from pkg import mod` counts as importing pkg.mod)."""
+    root = REPO / folder
+    modules = {".".join(p.relative_to(REPO).with_suffix("").parts): p for p in root.rglob("*.py")
+               if p.name != "__init__.py"}
+    graph = {}
+    for name, path in modules.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        graph[name] = found & set(modules) - {name}
+    return graph
+
+
+def cycle_in(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` (as a path that returns to its start), or []."""
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt, path + [nxt])):
+                return found
+        state[node] = "done"
+        return []
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start, [start])):
+            return found
+    return []
+
+
+def test_the_engine_modules_import_each_other_without_a_cycle():
+    """The JAX core, migration and paging once imported each other (migration read the core's
+    private members): the core's collaborators use its public slot API (engines/jax/slots.py)."""
+    assert cycle_in(package_graph("jaxrl_async/engines")) == []

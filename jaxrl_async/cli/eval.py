@@ -41,7 +41,8 @@ from typing import Any
 
 from jaxrl_async.cli.common import note, run_cached, run_command
 from jaxrl_async.engines.base import SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.models.loading import ModelSpec, load_model
 from jaxrl_async.runtime.evaluation import EvalResult, decode_all, score_all, summarize
 from jaxrl_async.tasks import build_task

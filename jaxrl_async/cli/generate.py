@@ -29,7 +29,8 @@ from typing import Any
 
 from jaxrl_async.cli.common import note, run_cached, run_command
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, make_core
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.engine import make_core
 from jaxrl_async.models.loading import ModelSpec, load_model
 from planner.configs import build, check
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxrl_async.engines.base import GenerationEngine
-from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.speculation import SpeculationConfig
-from jaxrl_async.engines.vllm.engine import VllmEngineConfig
+from jaxrl_async.engines.vllm.config import VllmEngineConfig
 from planner.configs import build, check
 
 # The built-in backends' configs: `engine.name` chooses one (each carries its name).

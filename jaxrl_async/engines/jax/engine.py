@@ -1,11 +1,16 @@
 """The native JAX generation engine for the async runtime: `EngineCore` in a worker thread.
 
-The event loop never runs device work. Its methods put commands (submit, abort, new weights)
-on a thread-safe deque; the worker thread applies them between two `EngineCore.step()` calls —
+The event loop never runs device work. Its methods put typed commands (`Submit`, `Abort`,
+`Detach`, `Attach`, `MarkCritical`, `NewWeights`: frozen dataclasses, one per call) on a
+thread-safe deque; the worker thread applies them between two `EngineCore.step()` calls —
 so weights always swap between decode steps — and hands the outputs back to the loop with
 `call_soon_threadsafe`. Migration (`detach` / `attach`, engines/migration.py) goes the same way:
-a detach's pieces reach the output queue before its result reaches the caller. All bookkeeping the loop reads (live request ids, output queue, weight
-waiters) lives in the loop thread; the worker only touches the core.
+a detach's pieces reach the output queue before its result reaches the caller. All bookkeeping
+the loop reads (live request ids, output queue, weight waiters) lives in the loop thread; the
+worker only touches the core. `make_core` builds the core a config asks for (core.py's
+`EngineCore`, or paged.py's `PagedEngineCore` when `engine.page_size` > 0).
+
+To add an engine call: a frozen dataclass below and a case in `_apply`.
 
 Request checks that need no engine state (context length, n, vocabulary) and the weight check
 (structure, shapes, dtypes) run in the caller, so errors surface at `submit` / `update_weights`.
@@ -18,6 +23,7 @@ import collections
 import threading
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 from flax import nnx
@@ -25,9 +31,69 @@ from jax.sharding import Mesh
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
                                       GenerationRequest, SampleOutput, check_new_request_id, read_outputs)
-from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, make_core
+from jaxrl_async.engines.jax.compiles import COMPILE_COUNTS
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
+from jaxrl_async.engines.jax.paged import PagedEngineCore
 from jaxrl_async.engines.migration import MovedRequest
 from jaxrl_async.models.config import ModelConfig
+
+
+def make_core(model: nnx.Module, model_config: ModelConfig, config: EngineConfig, version: int = 0,
+              mesh: Mesh | None = None) -> EngineCore:
+    """The engine core `config` asks for: `EngineCore` (page_size 0) or `PagedEngineCore`."""
+    core = EngineCore if config.page_size == 0 else PagedEngineCore
+    return core(model, model_config, config, version, mesh)
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Queue `request` on the core (checked already, in the loop thread)."""
+
+    request: GenerationRequest
+
+
+@dataclass(frozen=True)
+class Abort:
+    """End `request_id`'s unfinished samples (their pieces go out as "abort")."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Detach:
+    """Take `request_id`'s unfinished samples out; `done` (a loop-thread future) gets the
+    `MovedRequest` after the pieces they still had to deliver."""
+
+    request_id: str
+    done: asyncio.Future
+
+
+@dataclass(frozen=True)
+class Attach:
+    """Continue a `MovedRequest`'s samples on this core (counted in `_live` already)."""
+
+    moved: MovedRequest
+
+
+@dataclass(frozen=True)
+class MarkCritical:
+    """`request_id`'s samples draft from now on (engine.speculation.when=critical)."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class NewWeights:
+    """Install `weights` (already checked and copied by `check_params`) as `version`; `done`
+    gets a version going backwards as its error."""
+
+    weights: dict
+    version: int
+    done: asyncio.Future
+
+
+EngineCommand = Submit | Abort | Detach | Attach | MarkCritical | NewWeights
 
 
 class JaxEngine(GenerationEngine):
@@ -39,7 +105,7 @@ class JaxEngine(GenerationEngine):
     def __init__(self, model: nnx.Module, model_config: ModelConfig, config: EngineConfig,
                  version: int = 0, mesh: Mesh | None = None):
         self.core = make_core(model, model_config, config, version, mesh)
-        self._commands: collections.deque[tuple[str, Any]] = collections.deque()
+        self._commands: collections.deque[EngineCommand] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
         self._thread: threading.Thread | None = None
@@ -82,11 +148,11 @@ class JaxEngine(GenerationEngine):
         check_new_request_id(request.request_id, self._live)
         self.core.check_request(request)
         self._live[request.request_id] = request.sampling.n
-        self._send("submit", request)
+        self._send(Submit(request))
 
     async def abort(self, request_id: str) -> None:
         if request_id in self._live:
-            self._send("abort", request_id)
+            self._send(Abort(request_id))
 
     async def detach(self, request_id: str) -> MovedRequest | None:
         """`Migratable.detach`: the request's unfinished samples leave this engine (their pending
@@ -97,7 +163,7 @@ class JaxEngine(GenerationEngine):
             return None
         done = asyncio.get_running_loop().create_future()
         self._detach_waiters.add(done)
-        self._send("detach", (request_id, done))
+        self._send(Detach(request_id, done))
         try:
             return await done
         finally:
@@ -109,11 +175,11 @@ class JaxEngine(GenerationEngine):
         self._raise_if_failed()
         check_new_request_id(moved.request_id, self._live)
         self._live[moved.request_id] = len(moved.samples)
-        self._send("attach", moved)
+        self._send(Attach(moved))
 
     async def mark_critical(self, request_id: str) -> None:
         if request_id in self._live:
-            self._send("critical", request_id)
+            self._send(MarkCritical(request_id))
 
     async def update_weights(self, params: Any, version: int) -> None:
         self._raise_if_failed()
@@ -122,7 +188,7 @@ class JaxEngine(GenerationEngine):
         state = self.core.check_params(params)
         done = asyncio.get_running_loop().create_future()
         self._weight_waiters.append((version, done))
-        self._send("weights", (state, version, done))
+        self._send(NewWeights(state, version, done))
         await done
 
     def outputs(self) -> AsyncIterator[SampleOutput]:
@@ -133,7 +199,7 @@ class JaxEngine(GenerationEngine):
         core = self.core
         return EngineStats(
             active_slots=core.active_slots, total_slots=core.config.num_slots,
-            queued=core.queued + sum(kind == "submit" for kind, _ in list(self._commands)),
+            queued=core.queued + sum(isinstance(c, Submit) for c in list(self._commands)),
             busy_fraction=self._busy_s / elapsed if elapsed > 0 else 0.0,
             version=core.version, extra={"counters": dict(core.counters)})
 
@@ -147,9 +213,9 @@ class JaxEngine(GenerationEngine):
         if self._error is not None:
             raise RuntimeError(f"JaxEngine's worker thread died: {self._error!r}") from self._error
 
-    def _send(self, kind: str, payload: Any) -> None:
+    def _send(self, command: EngineCommand) -> None:
         with self._wake:
-            self._commands.append((kind, payload))
+            self._commands.append(command)
             self._wake.notify()
 
     def _deliver(self, outputs: list[SampleOutput], version: int) -> None:
@@ -226,38 +292,38 @@ class JaxEngine(GenerationEngine):
     def _work(self) -> tuple[int, ...]:
         c = self.core.counters
         return (c["decode_steps"], c["tokens"], c["prefill_tokens"], sum(COMPILE_COUNTS.values()), c["drafted"],
-                c["accepted"])
+                c["accepted"], c["speculating"])
 
     def _time_step(self, t: float, seconds: float, version: int, before: tuple[int, ...]) -> None:
         """Worker thread: the iteration's timing, and a drain-mode swap it made (at its start)."""
         if self.core.version != version:
             self._timings.append(EngineTiming("load", 0, t, 0.0, version=self.core.version))
-        steps, tokens, prefill, compiles, drafted, accepted = (a - b for a, b in zip(self._work(), before))
+        steps, tokens, prefill, compiles, drafted, accepted, speculating = (
+            a - b for a, b in zip(self._work(), before))
         if steps or prefill:
             self._timings.append(EngineTiming("decode", 0, t, seconds, steps, tokens, prefill, compiled=compiles > 0,
-                                              drafted=drafted, accepted=accepted))
+                                              drafted=drafted, accepted=accepted, speculating=speculating))
 
-    def _apply(self, commands: list[tuple[str, Any]]) -> list[SampleOutput]:
+    def _apply(self, commands: list[EngineCommand]) -> list[SampleOutput]:
         outputs: list[SampleOutput] = []
-        for kind, payload in commands:
-            if kind == "submit":
-                self.core.submit(payload)
-            elif kind == "abort":
-                outputs += self.core.abort(payload)
-            elif kind == "detach":
-                request_id, done = payload
-                moved, pieces = self.core.detach(request_id)
-                # Earlier commands' outputs first: every piece of this request precedes the answer.
-                self._loop.call_soon_threadsafe(self._detached, outputs + pieces, moved, done)
-                outputs = []
-            elif kind == "attach":
-                self.core.attach(payload)
-            elif kind == "critical":
-                self.core.mark_critical(payload)
-            else:
-                state, version, done = payload
-                try:
-                    self.core.install_weights(state, version)
-                except ValueError as error:  # a version going backwards: the caller's error
-                    self._loop.call_soon_threadsafe(done.set_exception, error)
+        for command in commands:
+            match command:
+                case Submit(request):
+                    self.core.submit(request)
+                case Abort(request_id):
+                    outputs += self.core.abort(request_id)
+                case Detach(request_id, done):
+                    moved, pieces = self.core.detach(request_id)
+                    # Earlier commands' outputs first: every piece of this request precedes the answer.
+                    self._loop.call_soon_threadsafe(self._detached, outputs + pieces, moved, done)
+                    outputs = []
+                case Attach(moved):
+                    self.core.attach(moved)
+                case MarkCritical(request_id):
+                    self.core.mark_critical(request_id)
+                case NewWeights(weights, version, done):
+                    try:
+                        self.core.install_weights(weights, version)
+                    except ValueError as error:  # a version going backwards: the caller's error
+                        self._loop.call_soon_threadsafe(done.set_exception, error)
         return outputs

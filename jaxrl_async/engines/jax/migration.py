@@ -19,6 +19,9 @@ arrive on another, generated prefix kept (engines/migration.py has the travellin
   front marks it again on the target); the n-gram draft reads the arrival's prompt + prefix, what
   it would have read unmoved.
 
+Migration reads and changes a core only through its public slot API (`MigratingCore`: slots.py's
+`Slots` and `LiveRequests`, the queue, the arrivals list, `prefill`), and imports no core.
+
 Every sample still ends with exactly one done piece: the source never sends one for a moved
 sample, the target sends it when the sample stops, reaches its length or is aborted.
 
@@ -30,53 +33,68 @@ with a pending swap could not keep.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections import Counter
+from typing import Protocol
 
-from jaxrl_async.engines.base import SampleOutput, check_new_request_id
-from jaxrl_async.engines.jax.scheduler import SlotSequence
+from jaxrl_async.engines.base import GenerationRequest, SampleOutput, check_new_request_id
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
+from jaxrl_async.engines.jax.slots import LiveRequests, Slots
 from jaxrl_async.engines.migration import MovedRequest, MovedSample
 
-if TYPE_CHECKING:
-    from jaxrl_async.engines.jax.core import EngineCore
+
+class MigratingCore(Protocol):
+    """What migration reads and changes of an engine core (core.py `EngineCore`): its public slot
+    API. This module does not import the core, which imports it."""
+
+    config: EngineConfig
+    counters: Counter
+    queue: RequestQueue
+    slots: Slots
+    requests: LiveRequests
+    arrivals: list[SlotSequence]
+
+    @property
+    def migratable(self) -> bool: ...
+
+    def check_request(self, request: GenerationRequest) -> None: ...
+
+    def prefill(self, prefixes: list[tuple[list[int], int]]) -> None: ...
 
 
-def detach(core: EngineCore, request_id: str) -> tuple[MovedRequest | None, list[SampleOutput]]:
+def detach(core: MigratingCore, request_id: str) -> tuple[MovedRequest | None, list[SampleOutput]]:
     """Take the request's unfinished samples out of `core`: (their state, the pieces they still
     had to deliver). (None, []) when the core holds none of them or cannot migrate."""
-    request = core._requests.get(request_id)
+    request = core.requests.get(request_id)
     if not core.migratable or request is None:
         return None, []
     outputs: list[SampleOutput] = []
-    if core._queue.remove(request_id) is not None:  # not admitted yet: every sample moves fresh
+    if core.queue.remove(request_id) is not None:  # not admitted yet: every sample moves fresh
         samples = [MovedSample(i, ()) for i in range(request.sampling.n)]
     else:
         samples = []
-        for slot, seq in enumerate(core._slots):
-            if seq is not None and seq.request_id == request_id:
-                if seq.pending_tokens:
-                    outputs.append(seq.flush())
-                samples.append(MovedSample(seq.sample_index, tuple(seq.token_ids)))
-                core._slots[slot] = None
-                core._arrays.clear(slot)
+        for slot, seq in core.slots.of_request(request_id):
+            if seq.pending_tokens:
+                outputs.append(seq.flush())
+            samples.append(MovedSample(seq.sample_index, tuple(seq.token_ids)))
+            core.slots.vacate(slot)
         samples += [MovedSample(seq.sample_index, tuple(seq.token_ids)) for seq in take_arrivals(core, request_id)]
-    assert len(samples) == core._live[request_id], (request_id, len(samples), core._live[request_id])
-    del core._live[request_id], core._requests[request_id]
-    core._critical.discard(request_id)  # the mark goes with the request (ReplicatedEngine re-marks it)
+    live = core.requests.samples(request_id)
+    assert len(samples) == live, (request_id, len(samples), live)
+    core.requests.forget(request_id)  # its critical mark too (ReplicatedEngine re-marks it on the target)
     core.counters["migrated_out"] += len(samples)
     return MovedRequest(request, tuple(sorted(samples, key=lambda s: s.sample_index))), outputs
 
 
-def attach(core: EngineCore, moved: MovedRequest) -> None:
+def attach(core: MigratingCore, moved: MovedRequest) -> None:
     """Queue the moved samples on `core`'s arrivals list (see the module docstring)."""
-    rid = moved.request_id
     if not core.migratable:
-        raise ValueError(f"request {rid!r}: this engine core cannot take migrated samples "
+        raise ValueError(f"request {moved.request_id!r}: this engine core cannot take migrated samples "
                          f"(engine.page_size={core.config.page_size}, engine.sync_mode={core.config.sync_mode})")
-    check_new_request_id(rid, core._live)
+    check_new_request_id(moved.request_id, core.requests)
     core.check_request(moved.request)
-    core._requests[rid] = moved.request
-    core._live[rid] = len(moved.samples)
-    core._arrivals += [moved_sequence(moved, s) for s in moved.samples]
+    core.requests.add(moved.request, len(moved.samples))
+    core.arrivals += [moved_sequence(moved, s) for s in moved.samples]
     core.counters["migrated_in"] += len(moved.samples)
 
 
@@ -91,24 +109,23 @@ def moved_sequence(moved: MovedRequest, sample: MovedSample) -> SlotSequence:
                         token_ids=list(sample.token_ids))
 
 
-def take_arrivals(core: EngineCore, request_id: str) -> list[SlotSequence]:
+def take_arrivals(core: MigratingCore, request_id: str) -> list[SlotSequence]:
     """Remove and return the request's samples still waiting on the arrivals list."""
-    taken = [seq for seq in core._arrivals if seq.request_id == request_id]
-    core._arrivals = [seq for seq in core._arrivals if seq.request_id != request_id]
+    taken = [seq for seq in core.arrivals if seq.request_id == request_id]
+    core.arrivals[:] = [seq for seq in core.arrivals if seq.request_id != request_id]
     return taken
 
 
-def admit_arrivals(core: EngineCore) -> None:
+def admit_arrivals(core: MigratingCore) -> None:
     """Place waiting arrivals into free slots, first in first out, and prefill each one's prompt
     + prefix (all but its last token) into its slot, packed into as few calls as fit."""
-    free = core._free_slots()
-    to_prefill: list[tuple[list[int], list[int]]] = []
-    while core._arrivals and free:
-        seq, slot = core._arrivals.pop(0), free.pop(0)
-        request = core._requests[seq.request_id]
-        core._place(slot, seq, request.sampling)
+    free = core.slots.free()
+    prefixes: list[tuple[list[int], int]] = []
+    while core.arrivals and free:
+        seq, slot = core.arrivals.pop(0), free.pop(0)
+        request = core.requests[seq.request_id]
+        core.slots.place(slot, seq, request.sampling)
         context = list(request.prompt_ids) + seq.token_ids
         if len(context) > 1:
-            to_prefill.append((context[:-1], [slot]))
-    for pack in core._packs([prefix for prefix, _ in to_prefill]):
-        core._prefill_pack([to_prefill[i] for i in pack])
+            prefixes.append((context[:-1], slot))
+    core.prefill(prefixes)

@@ -29,7 +29,7 @@ could hold at `max_len` each. The rules:
 
 The decode step attends over the live pages only (the bucket above every position, rounded up
 to whole pages): the gather reads those pages, so the contiguous core's max_len cut-off
-(`LIVE_BUCKET_LIMITS`) does not apply. `paged_attention.KERNELS` picks the attention
+(`compiles.LIVE_BUCKET_LIMITS`) does not apply. `paged_attention.KERNELS` picks the attention
 implementation per backend (XLA's gather on CPU, the Pallas kernel on GPU/TPU).
 
 Placement: the paged cache takes `sharding.cache_shardings` like the contiguous one (kv heads
@@ -53,11 +53,15 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore, new_sequence
+from jaxrl_async.engines.jax import compiles
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore, new_sequence
+from jaxrl_async.engines.jax.packing import PackedRow
 from jaxrl_async.engines.jax.paged_attention import init_paged_cache, kernel_for
 from jaxrl_async.engines.jax.paging import PageTables
 from jaxrl_async.engines.jax.scheduler import SlotSequence
 from jaxrl_async.models.config import ModelConfig
+from jaxrl_async.models.transformer import KVCache
 
 
 @dataclass
@@ -80,7 +84,6 @@ class PagedEngineCore(EngineCore):
         super().__init__(model, model_config, config, version, mesh)
         self.pages = PageTables(config.num_slots, config.max_len, config.page_size, config.total_pages)
         self.kernel = kernel_for(self.platform)
-        self._sampling: list[SamplingParams | None] = [None] * config.num_slots
         self._order = [0] * config.num_slots  # admission order of each slot's sample
         self._admissions = itertools.count()
         self._resume: list[_Preempted] = []  # oldest admission first
@@ -93,7 +96,7 @@ class PagedEngineCore(EngineCore):
 
     @property
     def queued(self) -> int:
-        return len(self._queue) + len(self._resume)
+        return len(self.queue) + len(self._resume)
 
     @property
     def migratable(self) -> bool:
@@ -107,7 +110,7 @@ class PagedEngineCore(EngineCore):
 
     def has_work(self) -> bool:
         return bool(self.active_slots or self._pending_weights
-                    or ((self._queue or self._resume) and self._free_slots()))
+                    or ((self.queue or self._resume) and self.slots.free()))
 
     def _first_call_end(self, prefix_len: int, sp: SamplingParams) -> int:
         """End of the positions a fresh sample's first decode call writes."""
@@ -142,44 +145,43 @@ class PagedEngineCore(EngineCore):
         self._admit_paged()
         if not self.active_slots:
             return []
-        return self._decode_step()
+        return self._decode()
 
     def _call_end(self, slot: int) -> int:
-        a = self._arrays
+        a = self.slots.arrays
         return int(a.positions[slot] + min(a.remaining[slot], self.config.decode_steps_per_call))
 
     def _grow(self) -> None:
         """Every active sample takes the pages of its next call, oldest first; preempt the
         youngest while pages are short."""
-        active = sorted((s for s, seq in enumerate(self._slots) if seq is not None), key=self._order.__getitem__)
+        seqs = self.slots.seqs
+        active = sorted((s for s, _ in self.slots.occupied()), key=self._order.__getitem__)
         for slot in active:
-            if self._slots[slot] is None:  # preempted for an older sample
+            if seqs[slot] is None:  # preempted for an older sample
                 continue
             end = self._call_end(slot)
             while self.pages.need(slot, end) > self.pages.pool.free:
-                victim = max((s for s in active if self._slots[s] is not None), key=self._order.__getitem__)
+                victim = max((s for s in active if seqs[s] is not None), key=self._order.__getitem__)
                 self._preempt(victim)
                 if victim == slot:
                     break
-            if self._slots[slot] is not None:
+            if seqs[slot] is not None:
                 self.pages.grow(slot, end)
 
     def _preempt(self, slot: int) -> None:
-        seq = self._slots[slot]
         kv = jax.device_get(self._steps.read_pages(self._cache, self.pages.table[slot]))
-        self._resume.append(_Preempted(seq, self._sampling[slot], self._order[slot],
+        sampling = self.slots.sampling[slot]
+        self._resume.append(_Preempted(self.slots.vacate(slot), sampling, self._order[slot],
                                        len(self.pages.pages[slot]), kv))
         self._resume.sort(key=lambda p: p.order)
-        self._slots[slot] = None
-        self._arrays.clear(slot)
         self.pages.release(slot)
         self.counters["preemptions"] += 1
 
     def _admit_paged(self) -> None:
         """Resume preempted samples, then admit queued requests, while slots and pages last;
         prefill the new prompts (packed) and copy each group's partial prompt page."""
-        free, k = self._free_slots(), self.config.decode_steps_per_call
-        to_prefill: list[tuple[list[int], list[int]]] = []
+        free, k = self.slots.free(), self.config.decode_steps_per_call
+        prefixes: list[tuple[list[int], int]] = []
         copies: list[tuple[int, int]] = []
         while self._resume and free:
             p = self._resume[0]
@@ -189,7 +191,7 @@ class PagedEngineCore(EngineCore):
             self._resume.pop(0)
             slot = free.pop(0)
             self.pages.grow(slot, end)
-            self._place(slot, p.seq, p.sampling, order=p.order)
+            self._place(slot, p.seq, p.sampling, p.order)
             # Its keys and values back into its first new pages (pages past them: sentinel, dropped).
             targets = np.full_like(self.pages.table[slot], self.config.total_pages)
             targets[:p.pages] = self.pages.table[slot, :p.pages]
@@ -204,50 +206,38 @@ class PagedEngineCore(EngineCore):
             copies.extend(self.pages.admit_group(slots, prefix_len, end))
             order = next(self._admissions)
             for i, slot in enumerate(slots):
-                self._place(slot, new_sequence(request, i), sp, order=order)
+                self._place(slot, new_sequence(request, i), sp, order)
             if prefix_len:
-                to_prefill.append((request.prompt_ids[:-1], slots))
+                prefixes.append((request.prompt_ids[:-1], slots[0]))
             return True
 
         if self._pending_weights is None and not self._resume:
-            self._queue.pop_while(take)
-        for pack in self._packs([prefix for prefix, _ in to_prefill]):
-            self._prefill_pack([to_prefill[i] for i in pack])
+            self.queue.pop_while(take)
+        self.prefill(prefixes)
         for src, dst in copies:
             self._cache = self._steps.copy_page(self._cache, np.int32(src), np.int32(dst))
 
-    def _place(self, slot: int, seq: SlotSequence, sp: SamplingParams, order: int = 0) -> None:
-        super()._place(slot, seq, sp)
-        self._sampling[slot], self._order[slot] = sp, order
+    def _place(self, slot: int, seq: SlotSequence, sp: SamplingParams, order: int) -> None:
+        self.slots.place(slot, seq, sp)
+        self._order[slot] = order
 
-    def _prefill_pack(self, pack: list[tuple[list[int], list[int]]]) -> None:
-        """One prefill call for prompts packed into a row, each into its first slot's pages."""
-        bucket = self._bucket(sum(len(prefix) for prefix, _ in pack))
-        ps, table = self.config.page_size, self.pages.table
-        tokens, positions = np.zeros((1, bucket), np.int32), np.zeros((1, bucket), np.int32)
-        segments = np.full((1, bucket), -1, np.int32)
-        pages = np.full(bucket, self.config.total_pages, np.int32)  # out of range: dropped
-        offsets = np.zeros(bucket, np.int32)
-        offset = 0
-        for i, (prefix, slots) in enumerate(pack):
-            end, where = offset + len(prefix), np.arange(len(prefix))
-            tokens[0, offset:end], positions[0, offset:end], segments[0, offset:end] = prefix, where, i
-            pages[offset:end], offsets[offset:end] = table[slots[0], where // ps], where % ps
-            offset = end
-        self._cache = self._steps.prefill_paged(self.model_config, self._weights, self._cache, tokens,
-                                                positions, segments, pages, offsets)
-        self.counters["prefills"] += len(pack)
-        self.counters["prefill_calls"] += 1
-        self.counters["prefill_tokens"] += offset
+    def _prefill_row(self, row: PackedRow) -> KVCache:
+        """One prefill call: the row's tokens into their slots' pages."""
+        ps, real = self.config.page_size, row.slots >= 0
+        where = row.positions[0]
+        pages = np.where(real, self.pages.table[np.maximum(row.slots, 0), where // ps],
+                         self.config.total_pages).astype(np.int32)  # out of range: dropped
+        offsets = np.where(real, where % ps, 0).astype(np.int32)
+        return self._steps.prefill_paged(self.model_config, self._weights, self._cache, row.tokens,
+                                         row.positions, row.segments, pages, offsets)
 
     def _finish(self, slot: int, reason) -> SampleOutput:
         self.pages.release(slot)
-        self._sampling[slot] = None
         return super()._finish(slot, reason)
 
     def _decode_length(self, need: int) -> int:
         """The live bucket above `need`, rounded up to whole pages (no max_len cut-off)."""
-        return self.pages.pages_for(self._bucket(min(need, self.config.max_len))) * self.config.page_size
+        return self.pages.pages_for(compiles.bucket(self.config, min(need, self.config.max_len))) * self.config.page_size
 
     def _decode_kwargs(self) -> dict:
         return {"page_table": self.pages.table, "kernel": self.kernel}
@@ -259,8 +249,8 @@ class PagedEngineCore(EngineCore):
             busy = self.active_slots + len(self._resume)
             raise ValueError(f"warmup: needs an idle engine, {busy} samples are active")
         dropped = np.int32(self.config.total_pages)
-        for bucket in self.config.buckets():
-            zeros = np.zeros((1, bucket), np.int32)
+        for width in self.config.buckets():
+            zeros = np.zeros((1, width), np.int32)
             self._cache = self._steps.prefill_paged(self.model_config, self._weights, self._cache, zeros,
                                                     zeros, zeros, zeros[0] + dropped, zeros[0])
         self._cache = self._steps.copy_page(self._cache, dropped, dropped)

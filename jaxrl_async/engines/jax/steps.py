@@ -24,7 +24,7 @@ A paged cache keeps the same contract: a slot's positions live in its pages, and
 padding or of a stopped slot go to an out-of-range page and are dropped.
 
 The names carry an `engine_` prefix because jax reports compilations by function name
-(`core.COMPILE_COUNTS`).
+(`compiles.COMPILE_COUNTS`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The vLLM engine (`engine=vllm`): vLLM's V1 `AsyncLLM` behind the `GenerationEngine` contract.
 
-- `engine.py`: `VllmEngine`, `VllmEngineConfig`, `make_engine`.
+- `config.py`: `VllmEngineConfig`, the `engine.` keys (imports nothing heavy).
+- `engine.py`: `VllmEngine`, `make_engine`.
 - `compat.py`: start-up checks of the installed vLLM's APIs and the model's limits.
 - `weights.py`: JAX params -> checked, HF-named torch tensors for a weight push.
 - `worker.py`: the class vLLM mixes into its worker process (`worker_extension_cls`).

@@ -38,75 +38,21 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       RequestLimits, SampleOutput, check_new_request_id, read_outputs)
 from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api
-from jaxrl_async.engines.speculation import SpeculationConfig
+from jaxrl_async.engines.vllm.config import VllmEngineConfig
 from jaxrl_async.engines.vllm.convert import (piece_finish, sampling_kwargs, speculative_config, versions_from_spans,
                                               vllm_priority)
 from jaxrl_async.engines.vllm.weights import WeightChecker, to_torch
 from jaxrl_async.engines.vllm.worker import WeightReceiver
-from jaxrl_async.transports import TRANSPORTS, check_transport_options, make_transport
-from planner.configs import build, check
-from planner.types import check_sync_mode
+from jaxrl_async.transports import make_transport
+from planner.configs import build
 
-SYNC_MODES = ("partial", "resubmit", "drain")  # every weight-sync mode (planner/types.py SYNC_MODES)
 # vLLM's worker process imports the class by this dotted name, so it is derived, never spelled out.
 WORKER_EXTENSION = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
-
-
-@dataclass(frozen=True)
-class VllmEngineConfig:
-    """`conf/engine/vllm.yaml` (keys under `engine.`).
-
-    Attributes:
-      sync_mode: how an update treats in-flight requests (SYNC_MODES, module docstring).
-      recompute_kv: partial mode: drop the paused requests' KV and recompute it on the new weights.
-      transport: weight transport name (jaxrl_async.transports.TRANSPORTS).
-      transport_options: keyword options of the transport (disk: directory, keep; nccl: master_port).
-      model_dir: where the initial HF checkpoint is written for vLLM to load; None = a temp dir.
-      max_num_seqs: most sequences vLLM decodes at once (the engine's slots).
-      max_model_len: prompt + generation limit.
-      kv_cache_memory_bytes: KV cache size; required on CPU (vLLM's RAM share otherwise), None on
-        GPU to use gpu_memory_utilization.
-      gpu_memory_utilization: GPU memory share vLLM may take (weights + KV).
-      tensor_parallel_size: GPUs per engine.
-      enforce_eager: skip CUDA graphs / torch.compile (start-up in seconds, slower decode).
-      seed: vLLM's global seed.
-      speculation: `engine.speculation.*`, mapped onto vLLM's `speculative_config`
-        (convert.speculative_config: when=always only; max_active -> vLLM's batch-size schedule).
-      engine_args: any other `AsyncEngineArgs` field, passed through.
-    """
-
-    name: ClassVar[str] = "vllm"  # `engine.name`: its entry in engines/registry.py
-
-    sync_mode: str = "partial"
-    recompute_kv: bool = True
-    transport: str = "memory"
-    transport_options: dict = field(default_factory=dict)
-    model_dir: str | None = None
-    max_num_seqs: int = 32
-    max_model_len: int = 1024
-    kv_cache_memory_bytes: int | None = 256 << 20
-    gpu_memory_utilization: float = 0.5
-    tensor_parallel_size: int = 1
-    enforce_eager: bool = True
-    seed: int = 0
-    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
-    engine_args: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        check_sync_mode("engine.sync_mode", self.sync_mode, SYNC_MODES)
-        check(self.transport in TRANSPORTS, "engine.transport", self.transport, f"must be one of {sorted(TRANSPORTS)}")
-        check_transport_options(self.transport, self.transport_options)
-        for name in ("max_num_seqs", "max_model_len", "tensor_parallel_size"):
-            check(getattr(self, name) >= 1, f"engine.{name}", getattr(self, name), "must be >= 1")
-        # Refused here, at start-up, not when vLLM starts: when=critical, draft_model=layers:N.
-        spec = speculative_config(self.speculation, self.max_num_seqs)
-        check(spec is None or "speculative_config" not in self.engine_args, "engine.engine_args.speculative_config",
-              self.engine_args.get("speculative_config"), "set engine.speculation.* or this, not both")
 
 
 @dataclass

@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl_async.cluster.config import CLUSTER_MODES, ClusterConfig, ProcessConfig
 from jaxrl_async.cli.config_nodes import config_nodes, register_config_nodes
-from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.registry import ENGINES
 from jaxrl_async.cli.generate import GenerateConfig
 from jaxrl_async.models.loading import ModelSpec

@@ -2,10 +2,10 @@
 
 import pytest
 
-from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.engines.registry import ENGINES, EngineEntry, build_engine, engine_config, register_engine
-from jaxrl_async.engines.vllm.engine import VllmEngineConfig
+from jaxrl_async.engines.vllm.config import VllmEngineConfig
 from jaxrl_async.models.loading import load_model
 
 

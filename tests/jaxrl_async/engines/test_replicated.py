@@ -11,7 +11,8 @@ from flax import nnx
 
 from jaxrl_async.engines.base import (EngineStats, GenerationEngine, GenerationRequest, SampleOutput,
                                       SamplingParams, join_outputs, read_outputs)
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.engines.migration import MovedRequest, MovedSample
 from jaxrl_async.engines.replicated import ReplicatedEngine

@@ -17,9 +17,9 @@ from omegaconf import OmegaConf
 
 from jaxrl_async.cluster.config import ClusterConfig
 from jaxrl_async.cluster.ray.config import RayClusterConfig
-from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.registry import ENGINES, EngineEntry, EngineFacts, register_engine
-from jaxrl_async.engines.vllm.engine import VllmEngineConfig
+from jaxrl_async.engines.vllm.config import VllmEngineConfig
 from jaxrl_async.job.build import plan_run_placement
 from jaxrl_async.job.lifecycle import TrainJob
 from jaxrl_async.job.report import placement_summary, trace_meta

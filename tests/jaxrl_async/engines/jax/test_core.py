@@ -9,7 +9,9 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
+from jaxrl_async.engines.jax.compiles import COMPILE_COUNTS
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from tests.helpers.engines import params_of

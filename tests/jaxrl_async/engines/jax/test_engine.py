@@ -7,9 +7,11 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore, make_core
-from jaxrl_async.engines.jax.engine import JaxEngine
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
+from jaxrl_async.engines.jax.engine import JaxEngine, make_core
 from jaxrl_async.engines.jax.paged import PagedEngineCore
+from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from tests.helpers.engines import collect
@@ -192,3 +194,24 @@ def test_a_detach_the_worker_never_answers_fails_instead_of_hanging_the_migratio
             await asyncio.wait_for(detach, 5)  # a hang is a TimeoutError: red
 
     asyncio.run(main())
+
+
+def test_each_iterations_timing_says_how_many_samples_drafted_and_what_they_drafted(models):
+    # The self-draft always drafts k tokens for a sample with two or more tokens to go.
+    spec = SpeculationConfig(when="always", method="draft", draft_model="layers:1", tokens=2)
+
+    async def main():
+        engine = JaxEngine(models[0], CFG, EngineConfig(**ENGINE, decode_steps_per_call=1, speculation=spec))
+        await engine.start()
+        for r in requests():
+            await engine.submit(r)
+        await collect(engine, expect_done=5)
+        await engine.stop()
+        return engine.timings(), engine.core.counters
+
+    timings, counters = asyncio.run(main())
+    decode = [t for t in timings if t.kind == "decode"]
+    assert counters["speculating"] > 0
+    assert sum(t.speculating for t in decode) == counters["speculating"]
+    assert sum(t.drafted for t in decode) == counters["drafted"] and sum(t.accepted for t in decode) == counters["accepted"]
+    assert all(t.drafted <= 2 * t.speculating for t in decode)  # k = 2 per drafting sample and pass

@@ -12,7 +12,9 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore
+from jaxrl_async.engines.jax.compiles import COMPILE_COUNTS
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.engines.jax.layout import regroup_for
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer

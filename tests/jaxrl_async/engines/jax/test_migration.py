@@ -4,7 +4,9 @@ import pytest
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore, make_core
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
+from jaxrl_async.engines.jax.engine import make_core
 from jaxrl_async.engines.migration import MovedRequest, MovedSample
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer

@@ -8,7 +8,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.engines.jax.core import COMPILE_COUNTS, EngineConfig, EngineCore, make_core
+from jaxrl_async.engines.jax.compiles import COMPILE_COUNTS
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
+from jaxrl_async.engines.jax.engine import make_core
 from jaxrl_async.engines.jax.paged import PagedEngineCore
 from jaxrl_async.models.config import ModelConfig
 from tests.helpers.engines import mesh_of, params_of
@@ -151,7 +154,7 @@ def test_a_group_prefills_its_prompt_once_and_shares_its_full_prompt_pages(model
     core.submit(GenerationRequest("g", prompt, greedy(6, n=3)))
     core.step()
     tables = core.pages.pages
-    slots = [s for s, seq in enumerate(core._slots) if seq is not None]
+    slots = [s for s, seq in enumerate(core.slots.seqs) if seq is not None]
     assert len({tuple(tables[s][:2]) for s in slots}) == 1  # the same two full pages
     assert len({tables[s][2] for s in slots}) == 3  # each its own partial page
     assert core.pages.pool.used == 2 + 3
@@ -224,7 +227,7 @@ def test_tensor_parallel_paged_core_samples_what_one_device_samples_across_a_swa
 def test_pages_never_leak_over_random_submit_abort_finish_sequences(model, ops):
     core = checked(paged_core(model, kv_pages=10, decode_steps_per_call=4))
     for op, rid, length, n in ops:
-        if op == "submit" and f"r{rid}" not in core._live:
+        if op == "submit" and f"r{rid}" not in core.requests:
             core.submit(GenerationRequest(f"r{rid}", [7] * length, SamplingParams(64 - length, seed=rid, n=n)))
         elif op == "abort":
             core.abort(f"r{rid}")
@@ -232,4 +235,4 @@ def test_pages_never_leak_over_random_submit_abort_finish_sequences(model, ops):
             core.step()
         core.pages.check()
     run(core)
-    assert core.pages.pool.free == core.pages.pool.total and not core._live
+    assert core.pages.pool.free == core.pages.pool.total and not core.requests

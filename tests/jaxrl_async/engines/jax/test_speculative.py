@@ -22,7 +22,8 @@ from jax.scipy.stats import chi2
 
 from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 from jaxrl_async.engines.jax import speculative
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
@@ -183,7 +184,7 @@ def test_critical_mode_drafts_only_for_marked_requests_and_unknown_ids_are_ignor
     assert drafted == 4  # b's one slot drafted (the self-draft always drafts k), a's did not
     out = run(core)
     assert out[("a", 0)].token_ids == out[("b", 0)].token_ids == greedy_reference(peaked, REPEATING, 24)
-    assert not core._critical  # forgotten with the finished request
+    assert not core.requests.critical  # forgotten with the finished request
 
 
 def test_no_drafting_while_more_slots_than_max_active_are_active(peaked):
@@ -203,7 +204,7 @@ def test_a_weight_swap_mid_speculation_tags_each_token_with_the_weights_that_ver
     core = make_core(peaked, NGRAM)
     core.submit(GenerationRequest("a", REPEATING, greedy(24)))
     run(core, steps=3)
-    before = core._slots[0].generated
+    before = core.slots.seqs[0].generated
     core.update_weights(new_params, version=1)
     (out,) = run(core).values()
     assert 0 < before < 24 and out.versions == [[0, before], [1, 24 - before]]

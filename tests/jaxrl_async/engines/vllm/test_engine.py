@@ -64,7 +64,8 @@ class _Harness:
     """One event loop + one started engine for the module; `run` drives a coroutine on it."""
 
     def __init__(self, tmp, **engine):
-        from jaxrl_async.engines.vllm.engine import VllmEngineConfig, make_engine
+        from jaxrl_async.engines.vllm.config import VllmEngineConfig
+        from jaxrl_async.engines.vllm.engine import make_engine
         from jaxrl_async.models.loading import LoadedModel
 
         self.loop = asyncio.new_event_loop()
