@@ -52,20 +52,35 @@ OUTPUTS = ("table", "json")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """The command line's keys (`conf/eval.yaml` documents them; the defaults live here)."""
+    """The command line's keys (`conf/eval.yaml` documents them; the defaults live here).
 
-    model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
-    task: dict  # the `task=` group (checked by `build_task`)
-    split: str = "test"  # test: the held-out prompts | train: the training ones
-    samples: int = 1  # k: 1 = greedy only; > 1 also k samples per prompt at `temperature`
-    temperature: float = 1.0  # of the k samples (the greedy pass ignores it)
-    top_p: float = 1.0  # of the k samples
-    max_new_tokens: int = 256  # longest completion
-    limit: int | None = None  # score only the split's first N prompts; null = all
-    pass_threshold: float = 1.0  # a completion passes when its reward is >= this
-    seed: int = 0  # sampling seed of the k samples
-    num_slots: int = 32  # sequences the engine decodes at once
-    output: str = "table"  # table | json
+    Attributes:
+      model: the `model=` group: a registered name, a HF directory or a .gguf file
+      task: the `task=` group (checked by `build_task`)
+      split: test: the held-out prompts | train: the training ones
+      samples: k: 1 = greedy only; > 1 also k samples per prompt at `temperature`
+      temperature: of the k samples (the greedy pass ignores it)
+      top_p: of the k samples
+      max_new_tokens: longest completion
+      limit: score only the split's first N prompts; null = all
+      pass_threshold: a completion passes when its reward is >= this
+      seed: sampling seed of the k samples
+      num_slots: sequences the engine decodes at once
+      output: table | json
+    """
+
+    model: ModelSpec
+    task: dict
+    split: str = "test"
+    samples: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    limit: int | None = None
+    pass_threshold: float = 1.0
+    seed: int = 0
+    num_slots: int = 32
+    output: str = "table"
 
     def __post_init__(self) -> None:
         check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")

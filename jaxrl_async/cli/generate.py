@@ -38,18 +38,31 @@ OUTPUTS = ("text", "json")
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """The command line's keys (`conf/generate.yaml` documents them; the defaults live here)."""
+    """The command line's keys (`conf/generate.yaml` documents them; the defaults live here).
 
-    model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
-    prompt: str = "Hello"  # the text to complete (wrapped in the chat template when `chat`)
-    max_new_tokens: int = 32  # longest completion
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus sampling; 1.0 = off
-    top_k: int = 0  # 0 = off
-    seed: int = 0  # the sampling seed
-    chat: bool = True  # apply the chat template when the tokenizer has one
-    output: str = "text"  # "text": print the completion | "json": one JSON object
-    # The JAX engine's keys (one slot: one prompt); max_len and min_bucket follow the prompt.
+    Attributes:
+      model: the `model=` group: a registered name, a HF directory or a .gguf file
+      prompt: the text to complete (wrapped in the chat template when `chat`)
+      max_new_tokens: longest completion
+      temperature: 0 = greedy
+      top_p: nucleus sampling; 1.0 = off
+      top_k: 0 = off
+      seed: the sampling seed
+      chat: apply the chat template when the tokenizer has one
+      output: "text": print the completion | "json": one JSON object
+      engine: The JAX engine's keys (one slot: one prompt); max_len and min_bucket follow the
+        prompt.
+    """
+
+    model: ModelSpec
+    prompt: str = "Hello"
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    chat: bool = True
+    output: str = "text"
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=1))
 
     def __post_init__(self) -> None:

@@ -29,20 +29,29 @@ from planner.configs import build, check
 
 @dataclass(frozen=True)
 class ProcessConfig:
-    """`cluster=local` and `cluster=slurm`: the trainer's processes, generation in-process."""
+    """`cluster=local` and `cluster=slurm`: the trainer's processes, generation in-process.
 
-    # Multi-host JAX for the trainer. `local` takes the default (mode auto), so the multiprocess /
-    # sbatch / tpu launchers' environment (JAXRL_*, SLURM_*, TPU) still applies.
+    Attributes:
+      distributed: Multi-host JAX for the trainer. `local` takes the default (mode auto), so the
+        multiprocess / sbatch / tpu launchers' environment (JAXRL_*, SLURM_*, TPU) still applies.
+    """
+
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
 @dataclass(frozen=True)
 class ClusterMode:
-    """One `cluster=` option: the dataclass of its keys and the optional package it needs."""
+    """One `cluster=` option: the dataclass of its keys and the optional package it needs.
+
+    Attributes:
+      config: the dataclass of the option's keys (`cluster.*`).
+      package: checked at start-up: a one-line error, not an ImportError mid-run
+      install: how to install it
+    """
 
     config: type
-    package: str | None = None  # checked at start-up: a one-line error, not an ImportError mid-run
-    install: str = ""  # how to install it
+    package: str | None = None
+    install: str = ""
 
 
 CLUSTER_MODES: dict[str, ClusterMode] = {
@@ -54,11 +63,17 @@ CLUSTER_MODES: dict[str, ClusterMode] = {
 
 @dataclass(frozen=True)
 class ClusterConfig:
-    """The `cluster=` group as the run reads it."""
+    """The `cluster=` group as the run reads it.
 
-    name: str  # one of CLUSTER_MODES
+    Attributes:
+      name: one of CLUSTER_MODES
+      distributed: multi-host JAX for the trainer (`cluster.distributed.*`).
+      ray: cluster=ray only: the generation workers
+    """
+
+    name: str
     distributed: DistributedConfig
-    ray: RayClusterConfig | None = None  # cluster=ray only: the generation workers
+    ray: RayClusterConfig | None = None
 
     @property
     def engine_workers(self) -> int | None:

@@ -17,8 +17,15 @@ from planner.configs import check
 
 @dataclass(frozen=True, kw_only=True)
 class CustomConfig(TaskConfig):
-    path: str | None = None  # JSONL of {"prompt", "answer"?}; required
-    test_path: str | None = None  # the held-out split, same format; None: none
+    """`task=custom`: the user's prompts (and optional answers) from a JSONL file.
+
+    Attributes:
+      path: JSONL of {"prompt", "answer"?}; required
+      test_path: the held-out split, same format; None: none
+    """
+
+    path: str | None = None
+    test_path: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

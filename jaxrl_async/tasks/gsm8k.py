@@ -27,9 +27,16 @@ SAMPLE_PATH = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 
 @dataclass(frozen=True, kw_only=True)
 class GSM8KConfig(TaskConfig):
-    path: str | None = None  # GSM8K-format JSONL; None: the sample in jaxrl_async/tasks/data/
-    test_path: str | None = None  # the held-out split (e.g. GSM8K's test.jsonl); None: none
-    # Appended to each question (after a blank line).
+    """`task=gsm8k`: GSM8K-format math word problems from a JSONL file.
+
+    Attributes:
+      path: GSM8K-format JSONL; None: the sample in jaxrl_async/tasks/data/
+      test_path: the held-out split (e.g. GSM8K's test.jsonl); None: none
+      instruction: Appended to each question (after a blank line).
+    """
+
+    path: str | None = None
+    test_path: str | None = None
     instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
 
 

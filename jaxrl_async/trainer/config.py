@@ -26,11 +26,16 @@ class MeshConfig:
     Params and optimizer state are sharded by the model's logical-axis table
     (jaxrl_async/sharding.py RULES: weights over fsdp and tensor), batch rows over data × fsdp.
     All ones keep the trainer unsharded on one device.
+
+    Attributes:
+      data: devices the batch rows are split over (params replicated)
+      fsdp: devices the batch rows and the weights are split over (ZeRO-3 style)
+      tensor: devices each layer's heads and MLP are split over (Megatron style)
     """
 
-    data: int = 1  # devices the batch rows are split over (params replicated)
-    fsdp: int = 1  # devices the batch rows and the weights are split over (ZeRO-3 style)
-    tensor: int = 1  # devices each layer's heads and MLP are split over (Megatron style)
+    data: int = 1
+    fsdp: int = 1
+    tensor: int = 1
 
     def __post_init__(self) -> None:
         for name in ("data", "fsdp", "tensor"):
@@ -45,23 +50,32 @@ class MeshConfig:
 
 @dataclass(frozen=True)
 class TrainerConfig:
+    """`trainer=`: the loss, the optimizer, the device mesh and the train step's own keys.
+
+    Attributes:
+      loss: which GRPO variant trains (`trainer.loss.*`, trainer/losses.py).
+      optim: AdamW and its schedule (`trainer.optim.*`, trainer/optim.py).
+      num_microbatches: Gradient accumulation: the batch's rows are split into this many
+        micro-batches, scanned inside one jitted step; the batch's row count must be a multiple of
+        it.
+      compute_dtype: Params and optimizer state stay float32; "bfloat16" casts the params for the
+        forward and backward pass (gradients flow back to the float32 master weights).
+      remat: Rematerialisation of each layer for the backward pass: "none" keeps every activation it
+        needs, "full" only each layer's input (recomputing the layer), the other names keep what
+        their jax.checkpoint policy saves (jaxrl_async/models/transformer.py REMAT_POLICIES).
+      logits_chunk: Tokens per chunk of the LM head in the loss: 0 computes the [tokens, vocab]
+        logits of a micro-batch at once; N > 0 computes them for about N tokens at a time (every row
+        of the micro-batch, max(1, N // rows) positions each) and recomputes each chunk in the
+        backward pass, so the logits' temporaries shrink to a chunk's for one extra head matmul. The
+        same gradients up to float roundoff (jaxrl_async/trainer/step.py chunked_token_stats).
+      mesh: the trainer's device mesh (`trainer.mesh.*`).
+    """
+
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
-    # Gradient accumulation: the batch's rows are split into this many micro-batches, scanned
-    # inside one jitted step; the batch's row count must be a multiple of it.
     num_microbatches: int = 1
-    # Params and optimizer state stay float32; "bfloat16" casts the params for the forward and
-    # backward pass (gradients flow back to the float32 master weights).
     compute_dtype: str = "float32"
-    # Rematerialisation of each layer for the backward pass: "none" keeps every activation it
-    # needs, "full" only each layer's input (recomputing the layer), the other names keep what
-    # their jax.checkpoint policy saves (jaxrl_async/models/transformer.py REMAT_POLICIES).
     remat: str = "none"
-    # Tokens per chunk of the LM head in the loss: 0 computes the [tokens, vocab] logits of a
-    # micro-batch at once; N > 0 computes them for about N tokens at a time (every row of the
-    # micro-batch, max(1, N // rows) positions each) and recomputes each chunk in the backward
-    # pass, so the logits' temporaries shrink to a chunk's for one extra head matmul. The same
-    # gradients up to float roundoff (jaxrl_async/trainer/step.py chunked_token_stats).
     logits_chunk: int = 0
     mesh: MeshConfig = field(default_factory=MeshConfig)
 

@@ -96,21 +96,37 @@ register_off_policy = _registrar(OFF_POLICY, "off_policy")
 
 @dataclass(frozen=True)
 class LossConfig:
-    """Which GRPO variant to train with. Names are checked against the registries above."""
+    """Which GRPO variant to train with. Names are checked against the registries above.
 
-    advantage: str = "grpo"  # key of ADVANTAGES
-    aggregation: str = "seq_mean"  # key of AGGREGATIONS
-    off_policy: str = "tis"  # key of OFF_POLICY
-    eps_low: float = 0.2  # ratio clipped below at 1 - eps_low
-    eps_high: float = 0.2  # ratio clipped above at 1 + eps_high (DAPO uses 0.28)
-    kl_coef: float = 0.0  # weight of the k3 KL to TrainBatch.ref_logprobs; 0 = no KL term
-    tis_cap: float = 2.0  # C in min(pi_prox / mu, C) for off_policy="tis"
-    decoupled_is_cap: float | None = None  # mask tokens with pi_prox / mu above it ("decoupled")
-    cispo_eps_low: float | None = None  # off_policy="cispo": floor 1 - it on the weight (None: no floor)
-    cispo_eps_high: float = 1.0  # off_policy="cispo": cap 1 + it on the weight
-    m2_threshold: float = 0.04  # off_policy="m2po": tau, the bound on the kept tokens' mean (log pi_prox/mu)^2
-    norm_len: int | None = None  # constant normalizer of aggregation="drgrpo" (the max new tokens)
-    adv_eps: float = 1e-6  # added to the group std in advantage="grpo"
+    Attributes:
+      advantage: key of ADVANTAGES
+      aggregation: key of AGGREGATIONS
+      off_policy: key of OFF_POLICY
+      eps_low: ratio clipped below at 1 - eps_low
+      eps_high: ratio clipped above at 1 + eps_high (DAPO uses 0.28)
+      kl_coef: weight of the k3 KL to TrainBatch.ref_logprobs; 0 = no KL term
+      tis_cap: C in min(pi_prox / mu, C) for off_policy="tis"
+      decoupled_is_cap: mask tokens with pi_prox / mu above it ("decoupled")
+      cispo_eps_low: off_policy="cispo": floor 1 - it on the weight (None: no floor)
+      cispo_eps_high: off_policy="cispo": cap 1 + it on the weight
+      m2_threshold: off_policy="m2po": tau, the bound on the kept tokens' mean (log pi_prox/mu)^2
+      norm_len: constant normalizer of aggregation="drgrpo" (the max new tokens)
+      adv_eps: added to the group std in advantage="grpo"
+    """
+
+    advantage: str = "grpo"
+    aggregation: str = "seq_mean"
+    off_policy: str = "tis"
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    kl_coef: float = 0.0
+    tis_cap: float = 2.0
+    decoupled_is_cap: float | None = None
+    cispo_eps_low: float | None = None
+    cispo_eps_high: float = 1.0
+    m2_threshold: float = 0.04
+    norm_len: int | None = None
+    adv_eps: float = 1e-6
 
     def __post_init__(self) -> None:
         for field, registry in (("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS),

@@ -19,15 +19,29 @@ from planner.configs import check
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 1e-6  # peak learning rate, reached after `warmup_steps`
-    warmup_steps: int = 0  # linear ramp from 0 to `lr`
-    total_steps: int = 1000  # warm-up + cosine decay length; constant `lr * min_lr_ratio` after
-    min_lr_ratio: float = 0.1  # final learning rate as a fraction of `lr`
-    b1: float = 0.9  # Adam's first-moment decay
-    b2: float = 0.999  # Adam's second-moment decay
-    eps: float = 1e-8  # Adam's denominator floor
-    weight_decay: float = 0.01  # AdamW decay of the weight matrices
-    max_grad_norm: float | None = 1.0  # clip the global gradient norm to it; None = no clipping
+    """`trainer.optim`: AdamW with linear warm-up, cosine decay and gradient clipping.
+
+    Attributes:
+      lr: peak learning rate, reached after `warmup_steps`
+      warmup_steps: linear ramp from 0 to `lr`
+      total_steps: warm-up + cosine decay length; constant `lr * min_lr_ratio` after
+      min_lr_ratio: final learning rate as a fraction of `lr`
+      b1: Adam's first-moment decay
+      b2: Adam's second-moment decay
+      eps: Adam's denominator floor
+      weight_decay: AdamW decay of the weight matrices
+      max_grad_norm: clip the global gradient norm to it; None = no clipping
+    """
+
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    total_steps: int = 1000
+    min_lr_ratio: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+    max_grad_norm: float | None = 1.0
 
     def __post_init__(self) -> None:
         check(self.lr > 0, "OptimConfig.lr", self.lr, "must be > 0")
