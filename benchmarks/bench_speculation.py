@@ -40,7 +40,7 @@ from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
 from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.loading import load_model
-from jaxrl_async.tasks.base import build_task
+from jaxrl_async.tasks import build_task
 
 
 def configurations(args) -> dict[str, SpeculationConfig]:

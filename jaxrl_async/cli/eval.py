@@ -37,16 +37,19 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxrl_async.cli.common import note, run_cached, run_command
-from jaxrl_async.engines.base import SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
-from jaxrl_async.models.loading import ModelSpec, load_model
-from jaxrl_async.runtime.evaluation import EvalResult, decode_all, score_all, summarize
-from jaxrl_async.tasks import build_task
+from jaxrl_async.models.config import ModelSpec
 from planner.configs import build, check
 
+if TYPE_CHECKING:
+    from jaxrl_async.runtime.evaluation import EvalResult
+
+# The engine, the model and the tasks import JAX (or seconds of other imports): `evaluate` imports
+# them where the work starts, so that `--help` (which reads EvalConfig) stays free of them.
+
+SUMMARY = __doc__.splitlines()[0].split(": ", 1)[1]  # the first line of --help
 OUTPUTS = ("table", "json")
 
 
@@ -106,6 +109,12 @@ def typed_config(cfg: dict[str, Any]) -> EvalConfig:
 def evaluate(config: EvalConfig, *, say: Callable[[str], None] = lambda _: None) -> tuple[EvalResult, dict[str, Any]]:
     """Load the model and the task, decode the split, score it. Returns (result, run facts);
     `say` gets a status line before each slow phase (the command line prints them on stderr)."""
+    from jaxrl_async.engines.base import SamplingParams
+    from jaxrl_async.engines.jax.core import EngineConfig, EngineCore
+    from jaxrl_async.models.loading import load_model
+    from jaxrl_async.runtime.evaluation import decode_all, score_all, summarize
+    from jaxrl_async.tasks import build_task
+
     task = build_task(config.task)  # data first: a missing split fails before the model loads
     examples = task.split_examples(config.split)[: config.limit]
     say(f"loading model {config.model.source} ...")
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         result, facts = measured
         return json.dumps({**result.to_json(), **facts}) + "\n" if config.output == "json" else table(result, facts)
 
-    return run_command("eval", EvalConfig, argv, typed_config, lambda config: evaluate(config, say=note), show)
+    return run_command("eval", SUMMARY, EvalConfig, argv, typed_config, lambda config: evaluate(config, say=note), show)
 
 
 def run() -> None:

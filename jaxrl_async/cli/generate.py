@@ -28,10 +28,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxrl_async.cli.common import note, run_cached, run_command
-from jaxrl_async.engines.base import GenerationRequest, SamplingParams
-from jaxrl_async.engines.jax.core import EngineConfig, make_core
-from jaxrl_async.models.loading import ModelSpec, load_model
+from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.models.config import ModelSpec
 from planner.configs import build, check
+
+# The engine core and the model import JAX: `generate` imports them where the work starts, so
+# that `--help` (which reads GenerateConfig) stays free of them.
+SUMMARY = __doc__.splitlines()[0].split(": ", 1)[1]  # the first line of --help
 
 OUTPUTS = ("text", "json")
 
@@ -81,6 +84,10 @@ def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
 def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Load the model, run the prompt through an engine core of one slot, return the result;
     `say` gets a status line before each slow phase (the command line prints them on stderr)."""
+    from jaxrl_async.engines.base import GenerationRequest, SamplingParams
+    from jaxrl_async.engines.jax.core import make_core
+    from jaxrl_async.models.loading import load_model
+
     say(f"loading model {config.model.source} ...")
     loaded = load_model(config.model.source, dtype=config.model.dtype)
     tok = loaded.tokenizer
@@ -116,7 +123,7 @@ def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: N
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command("generate", GenerateConfig, argv, typed_config, lambda config: generate(config, say=note),
+    return run_command("generate", SUMMARY, GenerateConfig, argv, typed_config, lambda config: generate(config, say=note),
                        lambda config, result: (json.dumps(result) if config.output == "json" else result["text"]) + "\n")
 
 

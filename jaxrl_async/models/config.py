@@ -1,7 +1,8 @@
-"""Model hyper-parameters for the Llama / Qwen2 / Qwen3 decoder family.
+"""Model hyper-parameters for the Llama / Qwen2 / Qwen3 decoder family, and the `model=` group.
 
 One frozen dataclass describes every supported model; `from_hf` reads a Hugging Face
-`config.json` dict and `tiny` makes a small random model for tests and demos. To support another
+`config.json` dict and `tiny` makes a small random model for tests and demos. `ModelSpec` is
+the `model=` group: which model `load_model` (loading.py) loads. No JAX here: `--help` reads it. To support another
 architecture, add its `model_type` to `_ARCH_FLAGS` with the flags that distinguish it, and teach
 `transformer.py` whatever it needs that the flags cannot express.
 """
@@ -203,3 +204,16 @@ class ModelConfig:
             bos_token_id=256, eos_token_ids=(257, 260))
         base.update(overrides)
         return cls(**base)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The `model=` group (`conf/model/*.yaml`): what `load_model` takes.
+
+    Attributes:
+      source: a registered name, a HF directory or a .gguf file
+      dtype: the params' dtype; None = the source's own
+    """
+
+    source: str
+    dtype: str | None = None

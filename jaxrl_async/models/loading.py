@@ -24,19 +24,6 @@ from jaxrl_async.tokenizer import Tokenizer, tiny_tokenizer
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """The `model=` group (`conf/model/*.yaml`): what `load_model` takes.
-
-    Attributes:
-      source: a registered name, a HF directory or a .gguf file
-      dtype: the params' dtype; None = the source's own
-    """
-
-    source: str
-    dtype: str | None = None
-
-
-@dataclass(frozen=True)
 class LoadedModel:
     cfg: ModelConfig
     model: Transformer

@@ -9,6 +9,8 @@ Prompt: the question plus `instruction` (ask for the final answer in \\boxed{}),
 model's chat template. Reward: 1.0 if `math_verify.verify(parse(gold), parse(completion))`, else
 0.0. math-verify's own timeouts use SIGALRM, which works only on the main thread, so they are off;
 the reward runs in the killable reward worker processes and `reward_timeout_s` bounds it.
+math-verify imports sympy (most of a second), so it is imported where a completion is judged:
+the config is read by `--help`, which answers at once.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-
-from math_verify import parse, verify
 
 from jaxrl_async.tasks.base import Example, Prompt, Task, TaskConfig, register_task
 from jaxrl_async.tasks.jsonl import read_jsonl
@@ -49,11 +49,15 @@ def final_answer(answer: str) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _parsed_gold(answer: str):
+    from math_verify import parse
+
     return parse(answer, parsing_timeout=None)
 
 
 def is_correct(answer: str, completion_text: str) -> bool:
     """math-verify's judgement of `completion_text` against the final answer (no timeouts)."""
+    from math_verify import parse, verify
+
     return bool(verify(_parsed_gold(answer), parse(completion_text, parsing_timeout=None),
                        timeout_seconds=None))
 

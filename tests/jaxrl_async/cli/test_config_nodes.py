@@ -13,7 +13,7 @@ from jaxrl_async.cli.config_nodes import config_nodes, register_config_nodes
 from jaxrl_async.engines.jax.core import EngineConfig
 from jaxrl_async.engines.registry import ENGINES
 from jaxrl_async.cli.generate import GenerateConfig
-from jaxrl_async.models.loading import ModelSpec
+from jaxrl_async.models.config import ModelSpec
 from jaxrl_async.runtime.config import RunConfig
 from jaxrl_async.tasks import TASKS
 from jaxrl_async.tasks.synthetic import RepeatLetterConfig
