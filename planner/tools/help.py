@@ -249,9 +249,25 @@ class Listing:
     keys: dict[str, Key]
 
 
+def _group_overrides(conf_dir: Path, group: str, option: str) -> dict[str, str]:
+    """The `override /group: option` entries of a group file (`+experiment=X`) and of the sibling
+    files it starts from: the options it picks for other groups."""
+    out: dict[str, str] = {}
+    for entry in _yaml(conf_dir, f"{group}/{option}").get("defaults", []):
+        if isinstance(entry, str) and entry != "_self_":
+            out.update(_group_overrides(conf_dir, group, entry))
+        elif isinstance(entry, dict):
+            out.update({k.removeprefix("override ").lstrip("/"): v for k, v in entry.items() if k.startswith("override ")})
+    return out
+
+
 def listing(conf_dir: Path, config_name: str, spec: HelpSpec, argv: Sequence[str] = ()) -> Listing:
-    """The groups and the keys of the command's config as `argv` picks its group options."""
+    """The groups and the keys of the command's config as `argv` picks its group options (an
+    `+experiment=X` picks the options its file overrides; the command line's own choices win)."""
     picked = choices(argv)
+    for group in spec.extra_groups:
+        if group in picked:
+            picked = {**_group_overrides(conf_dir, group, picked[group]), **picked}
     sections: list[tuple[str, Source]] = []
     groups: dict[str, str] = {}
     tops = [config_name]
