@@ -55,7 +55,7 @@ OUTPUTS = ("table", "json")
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """The command line's keys (`conf/eval.yaml` documents them; the defaults live here).
+    """`python -m jaxrl_async.eval`'s top-level keys, with their defaults (`--help` lists them).
 
     Attributes:
       model: the `model=` group: a registered name, a HF directory or a .gguf file

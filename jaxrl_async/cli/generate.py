@@ -41,7 +41,7 @@ OUTPUTS = ("text", "json")
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """The command line's keys (`conf/generate.yaml` documents them; the defaults live here).
+    """`python -m jaxrl_async.generate`'s top-level keys, with their defaults (`--help` lists them).
 
     Attributes:
       model: the `model=` group: a registered name, a HF directory or a .gguf file

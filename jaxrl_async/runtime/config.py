@@ -102,7 +102,8 @@ class RunConfig:
         resume point; then every 50 steps, so that a crash loses at most 50 steps while the
         asynchronous saves stay a small fraction of the run (docs/fault_tolerance.md).
       keep_checkpoints: orbax keeps the newest N
-      resume: true: this run dir's latest checkpoint; a path: that run dir
+      resume: true: continue hydra.run.dir's run | PATH: continue that run dir; a run that never
+        saved a checkpoint starts afresh (its old files in RUN_DIR/attempts/N/)
       export_hf: write the final policy as HF safetensors into run_dir/hf/
       progress: auto (rich on a TTY, plain lines otherwise) | rich | plain | off
       tensorboard: TensorBoard event files in run_dir/tb/

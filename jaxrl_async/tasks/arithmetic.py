@@ -35,9 +35,9 @@ class ArithmeticConfig(TaskConfig):
     """`task=arithmetic`: every operand pair of one operation, a fixed share held out.
 
     Attributes:
-      operation: one of OPERATIONS
+      operation: + | - | * (OPERATIONS)
       min_operand: smallest operand
-      max_operand: largest operand
+      max_operand: largest operand (every ordered pair in the range is a prompt)
       num_test_prompts: pairs held out for evaluation; the rest are the training split
       data_seed: shuffles the pairs (which are held out); the run's seed orders training
       instruction: appended to each question (after a space)

@@ -20,8 +20,10 @@ class CustomConfig(TaskConfig):
     """`task=custom`: the user's prompts (and optional answers) from a JSONL file.
 
     Attributes:
-      path: JSONL of {"prompt", "answer"?}; required
-      test_path: the held-out split, same format; None: none
+      path: required: JSONL of {"prompt": str, "answer": any (optional), ...}; the other keys go
+        into the example's meta
+      test_path: the held-out split (split=test of python -m jaxrl_async.eval), same format; None:
+        none
     """
 
     path: str | None = None

@@ -47,7 +47,8 @@ class SpeculationSimConfig:
 
     Attributes:
       when: never | critical (the groups the policy marks) | always (every sequence)
-      acceptance: a: probability that one drafted token is accepted
+      acceptance: a: probability that one drafted token is accepted (a step then yields
+        (1-a^(k+1))/(1-a) tokens)
       tokens: k: tokens drafted per verification
       draft_cost: the draft's cost per drafted token, as a fraction of decode_alpha
       max_active: weight-bound while active + k·speculating <= (k+1)·max_active (all speculating:

@@ -4,7 +4,7 @@ Commands: simulate, compare, tune, calibrate, audit (`python -m planner.tools.X`
 `python -m planner.X`, a shim at the root that only forwards to `main`). Analyses they share:
 plots, fidelity, length_bias, run_trace (the real run's timing trace). What every command line
 shares, the planner's and the trainer's alike: entry (bad input as one line naming what the user
-typed, the Hydra entry wrapper) and help (`--help` from the config dataclasses' field comments).
+typed, the Hydra entry wrapper) and help (`--help` from the config dataclasses' `Attributes:` docs).
 
 The contract (base, types, driver, versions, run_files, ledger, registry, policies/, sim/, ...)
 borrows two analyses from here: the simulator reads real runs' traces as workloads (run_trace)

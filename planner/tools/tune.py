@@ -72,7 +72,7 @@ class TuneSpace:
       batch_groups: B values
       etas: η values; null = [eta] for max_staleness, 0..eta otherwise
       cap_key: the policy parameter the caps set; null = CAP_KEYS[policy]
-      caps: × B groups; null = policy default
+      caps: caps as multiples of B (samples: × group_size); null = the policy's default
       max_concurrency: engine slots per worker (sim.workers.max_concurrency)
       sync_mode: sim.workers.sync_mode
     """
@@ -103,9 +103,10 @@ class TuneConfig:
     """The tuner's own keys; everything else in the composed config is planner.simulate's.
 
     Attributes:
-      target: max_staleness | max_throughput | min_staleness
+      target: max_staleness (η = eta, max throughput) | max_throughput (η <= eta) | min_staleness
+        (lowest mean staleness at >= threshold of the best throughput)
       eta: the bound: exact η (max_staleness) or the ceiling X; null = the base max_staleness
-      budget: simulated runs in all, seeds included
+      budget: simulated runs in all (candidates × seeds); a larger grid is sampled at random
       threshold: min_staleness: the fraction of the best throughput a winner keeps
       seeds: simulator seeds every candidate runs; null = [seed]
       search_seed: the random sample of a grid larger than the budget
