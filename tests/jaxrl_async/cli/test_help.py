@@ -10,6 +10,9 @@ field of its class is a stale doc.
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -23,7 +26,7 @@ from jaxrl_async.cli.help import help_spec
 from planner.configs import register_defaults
 from planner.tools import simulate, tune
 from planner.tools.help import HelpSpec, attributes, config_classes, listing, options
-from tests.helpers import CONF
+from tests.helpers import CONF, REPO
 
 
 def spec(command: str) -> HelpSpec:
@@ -96,3 +99,21 @@ def every_config_class() -> list[type]:
 def test_every_attributes_entry_names_a_field_of_its_class(cls):
     fields = {f.name for f in dataclasses.fields(cls)}
     assert [name for name in attributes(cls) if name not in fields] == []
+
+
+# The command's module -> the first words of the summary its --help opens with.
+SUMMARIES = {"jaxrl_async.train": "one async RL run", "jaxrl_async.eval": "score a model on a task's held-out split",
+             "jaxrl_async.generate": "complete one prompt", "planner.simulate": "run one policy on the simulated cluster",
+             "planner.tune": "search"}
+
+
+@pytest.mark.parametrize("module", SUMMARIES)
+def test_help_opens_with_the_commands_summary_and_imports_no_jax(module):
+    code = (f"import runpy, sys\nsys.argv = ['{module}', '--help']\ntry:\n    runpy.run_module('{module}', "
+            "run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(sorted(m for m in ('jax', 'flax', 'optax', 'grain') if m in sys.modules), file=sys.stderr)")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, text=True, timeout=60)
+    assert p.stderr.strip() == "[]"  # what --help imported of the heavy packages (JAX: seconds)
+    usage, summary = p.stdout.splitlines()[:2]
+    assert usage.startswith(f"python -m {module} ") and summary.strip().startswith(SUMMARIES[module]), summary
