@@ -93,8 +93,9 @@ def attributes(cls: type) -> dict[str, str]:
     doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "")
     out: dict[str, str] = {}
     current, indent = None, None
-    lines = doc.split("Attributes:", 1)[1].splitlines()[1:] if "\nAttributes:" in f"\n{doc}" else []
-    for line in lines:
+    lines = doc.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.strip() == "Attributes:"), len(lines))
+    for line in lines[start:]:
         if not line.strip():
             if out:
                 break
@@ -114,8 +115,8 @@ def attributes(cls: type) -> dict[str, str]:
 
 
 def field_doc(cls: type, name: str) -> str:
-    """The field's entry in the `Attributes:` of the class that declares it (inherited fields
-    too); "" when none."""
+    """The field's entry in the `Attributes:` of the first class of `cls`'s MRO that has one (the
+    class that declares an inherited field documents it); "" when none."""
     for klass in cls.__mro__:
         if name in attributes(klass):
             return attributes(klass)[name]
