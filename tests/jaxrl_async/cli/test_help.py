@@ -117,3 +117,16 @@ def test_help_opens_with_the_commands_summary_and_imports_no_jax(module):
     assert p.stderr.strip() == "[]"  # what --help imported of the heavy packages (JAX: seconds)
     usage, summary = p.stdout.splitlines()[:2]
     assert usage.startswith(f"python -m {module} ") and summary.strip().startswith(SUMMARIES[module]), summary
+
+
+def test_every_config_class_the_help_can_reach_imports_no_backend():
+    """In a fresh interpreter: each "module:QualName" of jaxrl_async/cli/help.py, whatever group
+    option the command line picks (engine=vllm, cluster=ray, task=gsm8k ...)."""
+    code = ("import sys\nfrom jaxrl_async.cli.help import HELP_NODES, MODEL_SPEC\n"
+            "from planner.tools.help import config_class\n"
+            "for source in [*HELP_NODES.values(), MODEL_SPEC]:\n    config_class(source)\n"
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'optax', 'grain', 'ray', 'vllm', "
+            "'torch', 'sympy'}))")
+    p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.strip() == "[]", p.stdout + p.stderr
