@@ -123,7 +123,8 @@ def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: N
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command("generate", SUMMARY, GenerateConfig, argv, typed_config, lambda config: generate(config, say=note),
+    return run_command("generate", SUMMARY, GenerateConfig, argv, typed_config,
+                       lambda config: generate(config, say=note),
                        lambda config, result: (json.dumps(result) if config.output == "json" else result["text"]) + "\n")
 
 

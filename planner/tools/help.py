@@ -258,7 +258,8 @@ def _group_overrides(conf_dir: Path, group: str, option: str) -> dict[str, str]:
         if isinstance(entry, str) and entry != "_self_":
             out.update(_group_overrides(conf_dir, group, entry))
         elif isinstance(entry, dict):
-            out.update({k.removeprefix("override ").lstrip("/"): v for k, v in entry.items() if k.startswith("override ")})
+            out.update({k.removeprefix("override ").lstrip("/"): v for k, v in entry.items()
+                        if k.startswith("override ")})
     return out
 
 

@@ -124,7 +124,8 @@ def test_a_simulator_group_file_states_only_what_differs_and_composes_every_key(
 def test_a_simulator_group_file_starts_from_its_defaults_node_or_from_a_sibling_that_does(group, option):
     """Its keys are the dataclass's, which `--help` describes (tests/jaxrl_async/cli/test_help.py)."""
     (first, *_) = extends(group, option)
-    assert first.startswith(f"/base/{group}") or (first in options(group) and extends(group, first)[0].startswith(f"/base/{group}"))
+    assert first.startswith(f"/base/{group}") or (
+        first in options(group) and extends(group, first)[0].startswith(f"/base/{group}"))
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,8 @@ def test_every_attributes_entry_names_a_field_of_its_class(cls):
 
 # The command's module -> the first words of the summary its --help opens with.
 SUMMARIES = {"jaxrl_async.train": "one async RL run", "jaxrl_async.eval": "score a model on a task's held-out split",
-             "jaxrl_async.generate": "complete one prompt", "planner.simulate": "run one policy on the simulated cluster",
-             "planner.tune": "search"}
+             "jaxrl_async.generate": "complete one prompt",
+             "planner.simulate": "run one policy on the simulated cluster", "planner.tune": "search"}
 
 
 @pytest.mark.parametrize("module", SUMMARIES)
