@@ -41,7 +41,7 @@ from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.core import EngineCore
 from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.models.loading import load_model
-from jaxrl_async.tasks.base import build_task
+from jaxrl_async.tasks import build_task
 
 
 def configurations(args) -> dict[str, SpeculationConfig]:

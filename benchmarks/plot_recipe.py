@@ -21,7 +21,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from jaxrl_async.cli.eval import EvalConfig, evaluate  # noqa: E402
-from jaxrl_async.models.loading import ModelSpec  # noqa: E402
+from jaxrl_async.models.config import ModelSpec  # noqa: E402
 
 
 def held_out_pass_at_1(source: str, run: dict) -> float:

@@ -20,7 +20,6 @@ from dataclasses import replace
 from hydra.errors import HydraException
 from omegaconf.errors import OmegaConfBaseException
 
-from jaxrl_async.cli.config_nodes import register_config_nodes
 from jaxrl_async.cli.help import CONF_DIR, help_spec
 from planner.tools import entry
 from planner.tools.help import help_text
@@ -34,17 +33,19 @@ def note(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run_command(config_name: str, node: type, argv: list[str] | None, typed: Callable[[dict[str, Any]], Config],
-                work: Callable[[Config], Any], show: Callable[[Config, Any], str]) -> int:
+def run_command(config_name: str, summary: str, node: type, argv: list[str] | None,
+                typed: Callable[[dict[str, Any]], Config], work: Callable[[Config], Any],
+                show: Callable[[Config, Any], str]) -> int:
     """Compose `conf/<config_name>.yaml` (its top level: `node`'s defaults) with `argv` (default:
     sys.argv[1:]), `typed` it, run `work` on it and print `show(config, result)`; exit status 0,
-    or 1 with one `error:` line."""
+    or 1 with one `error:` line. `--help` prints the keys under `summary`, the command's one line."""
     overrides = sys.argv[1:] if argv is None else argv
     if entry.wants_help(overrides):
-        summary = (sys.modules["__main__"].__doc__ or f"conf/{config_name}.yaml").strip().splitlines()[0]
         spec = replace(help_spec(f"python -m jaxrl_async.{config_name}", summary), hydra_flags=False, extra_groups=())
         print(help_text(CONF_DIR, config_name, spec, [a for a in overrides if a not in entry.HELP_FLAGS]), end="")
         return 0
+    from jaxrl_async.cli.config_nodes import register_config_nodes  # the registries import JAX: not for --help
+
     register_config_nodes({config_name: node})
     try:
         # entry.compose: an unknown key or group option is one line with the nearest valid names
@@ -59,8 +60,9 @@ def run_command(config_name: str, node: type, argv: list[str] | None, typed: Cal
 
 def run_cached(main: Callable[[], int]) -> None:
     """A one-shot command's `python -m` entry: the on-disk compilation cache (library code and
-    tests call `main` and never turn it on), then `main`'s exit status."""
-    from jaxrl_async.compilation_cache import enable_compilation_cache
+    tests call `main` and never turn it on; `--help` needs no JAX), then `main`'s exit status."""
+    if not entry.wants_help(sys.argv[1:]):
+        from jaxrl_async.compilation_cache import enable_compilation_cache
 
-    enable_compilation_cache()
+        enable_compilation_cache()
     sys.exit(main())

@@ -37,36 +37,53 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jaxrl_async.cli.common import note, run_cached, run_command
-from jaxrl_async.engines.base import SamplingParams
-from jaxrl_async.engines.jax.config import EngineConfig
-from jaxrl_async.engines.jax.core import EngineCore
-from jaxrl_async.models.loading import ModelSpec, load_model
-from jaxrl_async.runtime.evaluation import EvalResult, decode_all, score_all, summarize
-from jaxrl_async.tasks import build_task
+from jaxrl_async.models.config import ModelSpec
 from planner.configs import build, check
 
+if TYPE_CHECKING:
+    from jaxrl_async.runtime.evaluation import EvalResult
+
+# The engine, the model and the tasks import JAX (or seconds of other imports): `evaluate` imports
+# them where the work starts, so that `--help` (which reads EvalConfig) stays free of them.
+
+SUMMARY = __doc__.splitlines()[0].split(": ", 1)[1]  # the first line of --help
 OUTPUTS = ("table", "json")
 
 
 @dataclass(frozen=True)
 class EvalConfig:
-    """The command line's keys (`conf/eval.yaml` documents them; the defaults live here)."""
+    """`python -m jaxrl_async.eval`'s top-level keys, with their defaults (`--help` lists them).
 
-    model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
-    task: dict  # the `task=` group (checked by `build_task`)
-    split: str = "test"  # test: the held-out prompts | train: the training ones
-    samples: int = 1  # k: 1 = greedy only; > 1 also k samples per prompt at `temperature`
-    temperature: float = 1.0  # of the k samples (the greedy pass ignores it)
-    top_p: float = 1.0  # of the k samples
-    max_new_tokens: int = 256  # longest completion
-    limit: int | None = None  # score only the split's first N prompts; null = all
-    pass_threshold: float = 1.0  # a completion passes when its reward is >= this
-    seed: int = 0  # sampling seed of the k samples
-    num_slots: int = 32  # sequences the engine decodes at once
-    output: str = "table"  # table | json
+    Attributes:
+      model: the `model=` group: a registered name, a HF directory or a .gguf file
+      task: the `task=` group (checked by `build_task`)
+      split: test: the held-out prompts | train: the training ones
+      samples: k: 1 = greedy only; > 1 also k samples per prompt at `temperature`
+      temperature: of the k samples (the greedy pass ignores it)
+      top_p: of the k samples
+      max_new_tokens: longest completion
+      limit: score only the split's first N prompts; null = all
+      pass_threshold: a completion passes when its reward is >= this
+      seed: sampling seed of the k samples
+      num_slots: sequences the engine decodes at once
+      output: table | json
+    """
+
+    model: ModelSpec
+    task: dict
+    split: str = "test"
+    samples: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    limit: int | None = None
+    pass_threshold: float = 1.0
+    seed: int = 0
+    num_slots: int = 32
+    output: str = "table"
 
     def __post_init__(self) -> None:
         check(self.output in OUTPUTS, "output", self.output, f"must be one of {OUTPUTS}")
@@ -92,6 +109,13 @@ def typed_config(cfg: dict[str, Any]) -> EvalConfig:
 def evaluate(config: EvalConfig, *, say: Callable[[str], None] = lambda _: None) -> tuple[EvalResult, dict[str, Any]]:
     """Load the model and the task, decode the split, score it. Returns (result, run facts);
     `say` gets a status line before each slow phase (the command line prints them on stderr)."""
+    from jaxrl_async.engines.base import SamplingParams
+    from jaxrl_async.engines.jax.config import EngineConfig
+    from jaxrl_async.engines.jax.core import EngineCore
+    from jaxrl_async.models.loading import load_model
+    from jaxrl_async.runtime.evaluation import decode_all, score_all, summarize
+    from jaxrl_async.tasks import build_task
+
     task = build_task(config.task)  # data first: a missing split fails before the model loads
     examples = task.split_examples(config.split)[: config.limit]
     say(f"loading model {config.model.source} ...")
@@ -163,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         result, facts = measured
         return json.dumps({**result.to_json(), **facts}) + "\n" if config.output == "json" else table(result, facts)
 
-    return run_command("eval", EvalConfig, argv, typed_config, lambda config: evaluate(config, say=note), show)
+    return run_command("eval", SUMMARY, EvalConfig, argv, typed_config, lambda config: evaluate(config, say=note), show)
 
 
 def run() -> None:

@@ -28,29 +28,44 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jaxrl_async.cli.common import note, run_cached, run_command
-from jaxrl_async.engines.base import GenerationRequest, SamplingParams
 from jaxrl_async.engines.jax.config import EngineConfig
-from jaxrl_async.engines.jax.engine import make_core
-from jaxrl_async.models.loading import ModelSpec, load_model
+from jaxrl_async.models.config import ModelSpec
 from planner.configs import build, check
+
+# The engine core and the model import JAX: `generate` imports them where the work starts, so
+# that `--help` (which reads GenerateConfig) stays free of them.
+SUMMARY = __doc__.splitlines()[0].split(": ", 1)[1]  # the first line of --help
 
 OUTPUTS = ("text", "json")
 
 
 @dataclass(frozen=True)
 class GenerateConfig:
-    """The command line's keys (`conf/generate.yaml` documents them; the defaults live here)."""
+    """`python -m jaxrl_async.generate`'s top-level keys, with their defaults (`--help` lists them).
 
-    model: ModelSpec  # the `model=` group: a registered name, a HF directory or a .gguf file
-    prompt: str = "Hello"  # the text to complete (wrapped in the chat template when `chat`)
-    max_new_tokens: int = 32  # longest completion
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus sampling; 1.0 = off
-    top_k: int = 0  # 0 = off
-    seed: int = 0  # the sampling seed
-    chat: bool = True  # apply the chat template when the tokenizer has one
-    output: str = "text"  # "text": print the completion | "json": one JSON object
-    # The JAX engine's keys (one slot: one prompt); max_len and min_bucket follow the prompt.
+    Attributes:
+      model: the `model=` group: a registered name, a HF directory or a .gguf file
+      prompt: the text to complete (wrapped in the chat template when `chat`)
+      max_new_tokens: longest completion
+      temperature: 0 = greedy
+      top_p: nucleus sampling; 1.0 = off
+      top_k: 0 = off
+      seed: the sampling seed
+      chat: apply the chat template when the tokenizer has one
+      output: "text": print the completion | "json": one JSON object
+      engine: The JAX engine's keys (one slot: one prompt); max_len and min_bucket follow the
+        prompt.
+    """
+
+    model: ModelSpec
+    prompt: str = "Hello"
+    max_new_tokens: int = 32
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+    chat: bool = True
+    output: str = "text"
     engine: EngineConfig = field(default_factory=lambda: EngineConfig(num_slots=1))
 
     def __post_init__(self) -> None:
@@ -69,6 +84,10 @@ def typed_config(cfg: dict[str, Any]) -> GenerateConfig:
 def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     """Load the model, run the prompt through an engine core of one slot, return the result;
     `say` gets a status line before each slow phase (the command line prints them on stderr)."""
+    from jaxrl_async.engines.base import GenerationRequest, SamplingParams
+    from jaxrl_async.engines.jax.engine import make_core
+    from jaxrl_async.models.loading import load_model
+
     say(f"loading model {config.model.source} ...")
     loaded = load_model(config.model.source, dtype=config.model.dtype)
     tok = loaded.tokenizer
@@ -104,7 +123,8 @@ def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: N
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_command("generate", GenerateConfig, argv, typed_config, lambda config: generate(config, say=note),
+    return run_command("generate", SUMMARY, GenerateConfig, argv, typed_config,
+                       lambda config: generate(config, say=note),
                        lambda config, result: (json.dumps(result) if config.output == "json" else result["text"]) + "\n")
 
 

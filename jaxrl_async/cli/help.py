@@ -1,8 +1,9 @@
-"""What `--help` reads for the commands on conf/ (train, generate, eval): the config dataclasses
-by name, read from their source (planner/tools/help.py) without importing them — their modules
-import JAX, and `--help` answers in well under a second only without it. This module imports
-nothing of the package for that reason; tests/jaxrl_async/cli/test_config_nodes.py keeps
-`HELP_NODES` equal to what cli/config_nodes.py registers.
+"""What `--help` reads for the commands on conf/ (train, generate, eval): each `base/` node's
+config dataclass as "module:QualName", imported by planner/tools/help.py only when the command
+line's groups reach it. Every config module named here imports no JAX (docs/design.md §6), so
+`--help` answers at once; this module itself imports nothing of the package.
+tests/jaxrl_async/cli/test_config_nodes.py keeps `HELP_NODES` equal to what
+cli/config_nodes.py registers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"  # every command composes conf/ from the repository root
-# ConfigStore path -> "module:Class" of the dataclass whose fields (and field comments) it lists.
+# ConfigStore path -> "module:QualName" of the dataclass whose fields (and their docs) it lists.
 HELP_NODES = {
     "train": "jaxrl_async.runtime.config:RunConfig",
     "generate": "jaxrl_async.cli.generate:GenerateConfig",
@@ -27,7 +28,7 @@ HELP_NODES = {
     "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
     "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
 }
-MODEL_SPEC = "jaxrl_async.models.loading:ModelSpec"  # conf/model/*.yaml: no defaults node
+MODEL_SPEC = "jaxrl_async.models.config:ModelSpec"  # conf/model/*.yaml: no defaults node
 
 
 def help_spec(prog: str, summary: str):

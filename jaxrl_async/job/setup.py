@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from jaxrl_async.cluster.config import ClusterConfig, cluster_config
 from jaxrl_async.engines.registry import AnyEngineConfig, EngineEntry, EngineFacts, engine_config, entry_of
-from jaxrl_async.models.loading import ModelSpec
+from jaxrl_async.models.config import ModelSpec
 from jaxrl_async.runtime.config import RunConfig
 from jaxrl_async.trainer.config import TrainerConfig
 from planner.configs import build

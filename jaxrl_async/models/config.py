@@ -1,7 +1,8 @@
-"""Model hyper-parameters for the Llama / Qwen2 / Qwen3 decoder family.
+"""Model hyper-parameters for the Llama / Qwen2 / Qwen3 decoder family, and the `model=` group.
 
 One frozen dataclass describes every supported model; `from_hf` reads a Hugging Face
-`config.json` dict and `tiny` makes a small random model for tests and demos. To support another
+`config.json` dict and `tiny` makes a small random model for tests and demos. `ModelSpec` is
+the `model=` group: which model `load_model` (loading.py) loads. No JAX here: `--help` reads it. To support another
 architecture, add its `model_type` to `_ARCH_FLAGS` with the flags that distinguish it, and teach
 `transformer.py` whatever it needs that the flags cannot express.
 """
@@ -31,7 +32,28 @@ DTYPES = ("float32", "bfloat16")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a decoder-only LM (names follow the HF Llama config)."""
+    """Shape and numerics of a decoder-only LM (names follow the HF Llama config).
+
+    Attributes:
+      vocab_size: token ids the embedding and the LM head cover.
+      hidden_size: width of the residual stream.
+      intermediate_size: width of the SwiGLU MLP's hidden layer.
+      num_layers: decoder blocks.
+      num_heads: query heads per layer.
+      num_kv_heads: key/value heads per layer (grouped-query attention when < num_heads).
+      head_dim: width of one attention head.
+      rope_theta: RoPE base frequency.
+      rope_scaling: HF `rope_scaling` / `rope_parameters` without `rope_theta`: {"rope_type":
+        "llama3", ...}.
+      rms_norm_eps: added to the mean square in every RMSNorm.
+      tie_word_embeddings: the LM head reuses the embedding matrix.
+      attention_bias: Qwen2: biases on the q/k/v projections
+      qk_norm: Qwen3: per-head RMSNorm on q and k before RoPE
+      max_position_embeddings: the context length the model was trained for.
+      dtype: activations and parameters: "float32" | "bfloat16"
+      bos_token_id: prepended to a prompt without a chat template; None: none.
+      eos_token_ids: ids that end a completion.
+    """
 
     vocab_size: int
     hidden_size: int
@@ -41,14 +63,13 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rope_theta: float = 10000.0
-    # HF `rope_scaling` / `rope_parameters` without `rope_theta`: {"rope_type": "llama3", ...}.
     rope_scaling: dict | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2: biases on the q/k/v projections
-    qk_norm: bool = False  # Qwen3: per-head RMSNorm on q and k before RoPE
+    attention_bias: bool = False
+    qk_norm: bool = False
     max_position_embeddings: int = 2048
-    dtype: str = "float32"  # activations and parameters: "float32" | "bfloat16"
+    dtype: str = "float32"
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
 
@@ -183,3 +204,16 @@ class ModelConfig:
             bos_token_id=256, eos_token_ids=(257, 260))
         base.update(overrides)
         return cls(**base)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The `model=` group (`conf/model/*.yaml`): what `load_model` takes.
+
+    Attributes:
+      source: a registered name, a HF directory or a .gguf file
+      dtype: the params' dtype; None = the source's own
+    """
+
+    source: str
+    dtype: str | None = None

@@ -24,14 +24,6 @@ from jaxrl_async.tokenizer import Tokenizer, tiny_tokenizer
 
 
 @dataclass(frozen=True)
-class ModelSpec:
-    """The `model=` group (`conf/model/*.yaml`): what `load_model` takes."""
-
-    source: str  # a registered name, a HF directory or a .gguf file
-    dtype: str | None = None  # the params' dtype; None = the source's own
-
-
-@dataclass(frozen=True)
 class LoadedModel:
     cfg: ModelConfig
     model: Transformer

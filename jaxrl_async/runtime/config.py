@@ -35,10 +35,14 @@ class RolloutConfig:
     stalled only when the engine streamed nothing at all for that long. `max_quiet_stalls`
     stall rounds in a row with no token from the engine in between mean the engine itself hangs:
     the run ends with a one-line error instead of wedging.
+
+    Attributes:
+      stall_timeout_s: seconds without a token before a group is regenerated; null = off
+      max_quiet_stalls: consecutive stall rounds with no token anywhere before the run gives up
     """
 
-    stall_timeout_s: float | None = 300.0  # seconds without a token before a group is regenerated; null = off
-    max_quiet_stalls: int = 3  # consecutive stall rounds with no token anywhere before the run gives up
+    stall_timeout_s: float | None = 300.0
+    max_quiet_stalls: int = 3
 
     def __post_init__(self) -> None:
         t = self.stall_timeout_s
@@ -59,11 +63,16 @@ class EvalSchedule:
     as `python -m jaxrl_async.eval` scores them. The result goes into the next step's
     metrics.jsonl record and TensorBoard (`eval/pass_at_1`, `eval/mean_reward`, ...) and the last
     one into summary.json.
+
+    Attributes:
+      every: evaluate before the first step and after every this many steps; 0 = off
+      prompts: the held-out split's first N prompts; null = all of them
+      pass_threshold: a completion passes when its reward is >= this
     """
 
-    every: int = 0  # evaluate before the first step and after every this many steps; 0 = off
-    prompts: int | None = None  # the held-out split's first N prompts; null = all of them
-    pass_threshold: float = 1.0  # a completion passes when its reward is >= this
+    every: int = 0
+    prompts: int | None = None
+    pass_threshold: float = 1.0
 
     def __post_init__(self) -> None:
         check(isinstance(self.every, int) and not isinstance(self.every, bool) and self.every >= 0, "eval.every",
@@ -74,33 +83,53 @@ class EvalSchedule:
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The run: sizes, sampling, bookkeeping. Field names are the command-line keys."""
+    """The run: sizes, sampling, bookkeeping. Field names are the command-line keys.
 
-    max_staleness: int | None = 1  # η: every trained token has staleness <= η (null = unbounded)
-    batch_groups: int = 8  # B: groups per optimizer step
-    group_size: int = 8  # n: samples per prompt (GRPO group)
-    # S: optimizer steps of the whole run (a resumed run counts the earlier ones); the same as
-    # trainer.optim.total_steps' default, so the learning-rate schedule spans the run.
+    Attributes:
+      max_staleness: η: every trained token has staleness <= η (null = unbounded)
+      batch_groups: B: groups per optimizer step
+      group_size: n: samples per prompt (GRPO group)
+      steps: S: optimizer steps of the whole run (a resumed run counts the earlier ones); the same
+        as trainer.optim.total_steps' default, so the learning-rate schedule spans the run.
+      seed: model init, data order, sampling seeds
+      max_new_tokens: longest completion
+      temperature: sampling temperature (the trainer's log-probs are at temperature 1)
+      top_p: nucleus sampling (1.0: off)
+      admission_window: Candidates the policy sees at once (a lookahead policy may reorder them);
+        null = 2·B.
+      checkpoint_every: Save after step 1 and then every this many steps, plus on SIGTERM / SIGINT
+        and at the end (0: only those two). After step 1, so that a crash at any later point has a
+        resume point; then every 50 steps, so that a crash loses at most 50 steps while the
+        asynchronous saves stay a small fraction of the run (docs/fault_tolerance.md).
+      keep_checkpoints: orbax keeps the newest N
+      resume: true: continue hydra.run.dir's run | PATH: continue that run dir; a run that never
+        saved a checkpoint starts afresh (its old files in RUN_DIR/attempts/N/)
+      export_hf: write the final policy as HF safetensors into run_dir/hf/
+      progress: auto (rich on a TTY, plain lines otherwise) | rich | plain | off
+      tensorboard: TensorBoard event files in run_dir/tb/
+      record_events: write every policy call to policy_events.jsonl (parity replay)
+      rollout: liveness: stall detection
+      eval: held-out evaluation during training
+    """
+
+    max_staleness: int | None = 1
+    batch_groups: int = 8
+    group_size: int = 8
     steps: int = 1000
-    seed: int = 0  # model init, data order, sampling seeds
-    max_new_tokens: int = 256  # longest completion
-    temperature: float = 1.0  # sampling temperature (the trainer's log-probs are at temperature 1)
-    top_p: float = 1.0  # nucleus sampling (1.0: off)
-    # Candidates the policy sees at once (a lookahead policy may reorder them); null = 2·B.
+    seed: int = 0
+    max_new_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
     admission_window: int | None = None
-    # Save after step 1 and then every this many steps, plus on SIGTERM / SIGINT and at the end
-    # (0: only those two). After step 1, so that a crash at any later point has a resume point;
-    # then every 50 steps, so that a crash loses at most 50 steps while the asynchronous saves
-    # stay a small fraction of the run (docs/fault_tolerance.md).
     checkpoint_every: int = 50
-    keep_checkpoints: int = 2  # orbax keeps the newest N
-    resume: bool | str | None = None  # true: this run dir's latest checkpoint; a path: that run dir
-    export_hf: bool = True  # write the final policy as HF safetensors into run_dir/hf/
-    progress: str = "auto"  # auto (rich on a TTY, plain lines otherwise) | rich | plain | off
-    tensorboard: bool = True  # TensorBoard event files in run_dir/tb/
-    record_events: bool = False  # write every policy call to policy_events.jsonl (parity replay)
-    rollout: RolloutConfig = field(default_factory=RolloutConfig)  # liveness: stall detection
-    eval: EvalSchedule = field(default_factory=EvalSchedule)  # held-out evaluation during training
+    keep_checkpoints: int = 2
+    resume: bool | str | None = None
+    export_hf: bool = True
+    progress: str = "auto"
+    tensorboard: bool = True
+    record_events: bool = False
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    eval: EvalSchedule = field(default_factory=EvalSchedule)
 
     def __post_init__(self) -> None:
         check(self.max_staleness is None or (isinstance(self.max_staleness, int) and self.max_staleness >= 0),

@@ -32,12 +32,23 @@ _NUMBER = re.compile(r"-?\d+")
 
 @dataclass(frozen=True, kw_only=True)
 class ArithmeticConfig(TaskConfig):
-    operation: str = "*"  # one of OPERATIONS
-    min_operand: int = 1  # smallest operand
-    max_operand: int = 9  # largest operand
-    num_test_prompts: int = 24  # pairs held out for evaluation; the rest are the training split
-    data_seed: int = 0  # shuffles the pairs (which are held out); the run's seed orders training
-    instruction: str = "Answer with the number only."  # appended to each question (after a space)
+    """`task=arithmetic`: every operand pair of one operation, a fixed share held out.
+
+    Attributes:
+      operation: + | - | * (OPERATIONS)
+      min_operand: smallest operand
+      max_operand: largest operand (every ordered pair in the range is a prompt)
+      num_test_prompts: pairs held out for evaluation; the rest are the training split
+      data_seed: shuffles the pairs (which are held out); the run's seed orders training
+      instruction: appended to each question (after a space)
+    """
+
+    operation: str = "*"
+    min_operand: int = 1
+    max_operand: int = 9
+    num_test_prompts: int = 24
+    data_seed: int = 0
+    instruction: str = "Answer with the number only."
 
     def __post_init__(self) -> None:
         super().__post_init__()

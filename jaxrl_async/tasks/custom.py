@@ -17,8 +17,17 @@ from planner.configs import check
 
 @dataclass(frozen=True, kw_only=True)
 class CustomConfig(TaskConfig):
-    path: str | None = None  # JSONL of {"prompt", "answer"?}; required
-    test_path: str | None = None  # the held-out split, same format; None: none
+    """`task=custom`: the user's prompts (and optional answers) from a JSONL file.
+
+    Attributes:
+      path: required: JSONL of {"prompt": str, "answer": any (optional), ...}; the other keys go
+        into the example's meta
+      test_path: the held-out split (split=test of python -m jaxrl_async.eval), same format; None:
+        none
+    """
+
+    path: str | None = None
+    test_path: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -9,6 +9,8 @@ Prompt: the question plus `instruction` (ask for the final answer in \\boxed{}),
 model's chat template. Reward: 1.0 if `math_verify.verify(parse(gold), parse(completion))`, else
 0.0. math-verify's own timeouts use SIGALRM, which works only on the main thread, so they are off;
 the reward runs in the killable reward worker processes and `reward_timeout_s` bounds it.
+math-verify imports sympy (most of a second), so it is imported where a completion is judged:
+the config is read by `--help`, which answers at once.
 """
 
 from __future__ import annotations
@@ -16,8 +18,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-
-from math_verify import parse, verify
 
 from jaxrl_async.tasks.base import Example, Prompt, Task, TaskConfig, register_task
 from jaxrl_async.tasks.jsonl import read_jsonl
@@ -27,9 +27,16 @@ SAMPLE_PATH = Path(__file__).parent / "data" / "gsm8k_sample.jsonl"
 
 @dataclass(frozen=True, kw_only=True)
 class GSM8KConfig(TaskConfig):
-    path: str | None = None  # GSM8K-format JSONL; None: the sample in jaxrl_async/tasks/data/
-    test_path: str | None = None  # the held-out split (e.g. GSM8K's test.jsonl); None: none
-    # Appended to each question (after a blank line).
+    """`task=gsm8k`: GSM8K-format math word problems from a JSONL file.
+
+    Attributes:
+      path: GSM8K-format JSONL; None: the sample in jaxrl_async/tasks/data/
+      test_path: the held-out split (e.g. GSM8K's test.jsonl); None: none
+      instruction: Appended to each question (after a blank line).
+    """
+
+    path: str | None = None
+    test_path: str | None = None
     instruction: str = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
@@ -42,11 +49,15 @@ def final_answer(answer: str) -> str | None:
 
 @lru_cache(maxsize=4096)
 def _parsed_gold(answer: str):
+    from math_verify import parse
+
     return parse(answer, parsing_timeout=None)
 
 
 def is_correct(answer: str, completion_text: str) -> bool:
     """math-verify's judgement of `completion_text` against the final answer (no timeouts)."""
+    from math_verify import parse, verify
+
     return bool(verify(_parsed_gold(answer), parse(completion_text, parsing_timeout=None),
                        timeout_seconds=None))
 

@@ -11,14 +11,14 @@ Elements are produced on the calling thread (grain `ReadOptions(num_threads=0)`)
 prompt is cheap, and the async runtime should not get background threads it does not own.
 Note: grain's index shuffle is slow for tiny datasets (about 5 ms a prompt for 5 examples, 0.04
 ms for 1000), irrelevant next to a generation but the reason tests keep their streams short.
+grain imports JAX (seconds), so it is imported where a stream is built: a task's config module
+imports this one through tasks/base.py, and `--help` reads the task configs without JAX.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
-
-import grain
 
 if TYPE_CHECKING:
     from jaxrl_async.tasks.base import Example, Prompt
@@ -39,6 +39,8 @@ class PromptStream(Iterator["Prompt"]):
             raise ValueError(f"PromptStream.num_epochs={num_epochs!r}: must be None (forever) or an int >= 1")
         self.seed, self.shuffle, self.num_epochs = seed, shuffle, num_epochs
         self.num_examples = len(examples)
+        import grain
+
         dataset = grain.MapDataset.source(list(examples))
         if shuffle:
             dataset = dataset.shuffle(seed)

@@ -41,8 +41,15 @@ def _check_alphabet(alphabet: str) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class RepeatLetterConfig(TaskConfig):
-    alphabet: str = "abcdefgh"  # the letters a prompt can ask for
-    num_prompts: int = 64  # prompts per epoch; letters cycle through the alphabet
+    """`task=repeat_letter`: one letter repeated; the reward is the share of matching characters.
+
+    Attributes:
+      alphabet: the letters a prompt can ask for
+      num_prompts: prompts per epoch; letters cycle through the alphabet
+    """
+
+    alphabet: str = "abcdefgh"
+    num_prompts: int = 64
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -74,12 +81,23 @@ class RepeatLetterTask(Task):
 
 @dataclass(frozen=True, kw_only=True)
 class CopyStringConfig(TaskConfig):
-    alphabet: str = "abcdefgh"  # the letters strings are drawn from
-    min_len: int = 2  # shortest string to copy
-    max_len: int = 3  # longest string to copy
-    num_prompts: int = 256  # prompts per epoch
-    num_test_prompts: int = 64  # held-out strings (split=test), none of them a training string
-    data_seed: int = 0  # seeds the strings (the stream's seed only orders them)
+    """`task=copy_string`: copy a short random string.
+
+    Attributes:
+      alphabet: the letters strings are drawn from
+      min_len: shortest string to copy
+      max_len: longest string to copy
+      num_prompts: prompts per epoch
+      num_test_prompts: held-out strings (split=test), none of them a training string
+      data_seed: seeds the strings (the stream's seed only orders them)
+    """
+
+    alphabet: str = "abcdefgh"
+    min_len: int = 2
+    max_len: int = 3
+    num_prompts: int = 256
+    num_test_prompts: int = 64
+    data_seed: int = 0
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -61,13 +61,12 @@ To add a piece: write a function with the signature above and decorate it with t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from planner.configs import check
+from jaxrl_async.trainer.config import LossConfig
 
 ADVANTAGES: dict[str, Callable] = {}
 AGGREGATIONS: dict[str, Callable] = {}
@@ -92,44 +91,6 @@ def _registrar(registry: dict[str, Callable], kind: str):
 register_advantage = _registrar(ADVANTAGES, "advantage")
 register_aggregation = _registrar(AGGREGATIONS, "aggregation")
 register_off_policy = _registrar(OFF_POLICY, "off_policy")
-
-
-@dataclass(frozen=True)
-class LossConfig:
-    """Which GRPO variant to train with. Names are checked against the registries above."""
-
-    advantage: str = "grpo"  # key of ADVANTAGES
-    aggregation: str = "seq_mean"  # key of AGGREGATIONS
-    off_policy: str = "tis"  # key of OFF_POLICY
-    eps_low: float = 0.2  # ratio clipped below at 1 - eps_low
-    eps_high: float = 0.2  # ratio clipped above at 1 + eps_high (DAPO uses 0.28)
-    kl_coef: float = 0.0  # weight of the k3 KL to TrainBatch.ref_logprobs; 0 = no KL term
-    tis_cap: float = 2.0  # C in min(pi_prox / mu, C) for off_policy="tis"
-    decoupled_is_cap: float | None = None  # mask tokens with pi_prox / mu above it ("decoupled")
-    cispo_eps_low: float | None = None  # off_policy="cispo": floor 1 - it on the weight (None: no floor)
-    cispo_eps_high: float = 1.0  # off_policy="cispo": cap 1 + it on the weight
-    m2_threshold: float = 0.04  # off_policy="m2po": tau, the bound on the kept tokens' mean (log pi_prox/mu)^2
-    norm_len: int | None = None  # constant normalizer of aggregation="drgrpo" (the max new tokens)
-    adv_eps: float = 1e-6  # added to the group std in advantage="grpo"
-
-    def __post_init__(self) -> None:
-        for field, registry in (("advantage", ADVANTAGES), ("aggregation", AGGREGATIONS),
-                                ("off_policy", OFF_POLICY)):
-            value = getattr(self, field)
-            check(value in registry, f"LossConfig.{field}", value, f"must be one of {sorted(registry)}")
-        for field in ("eps_low", "eps_high", "kl_coef", "adv_eps"):
-            check(getattr(self, field) >= 0, f"LossConfig.{field}", getattr(self, field), "must be >= 0")
-        check(self.eps_low < 1, "LossConfig.eps_low", self.eps_low, "must be < 1 (lower clip 1 - eps_low > 0)")
-        check(self.tis_cap > 0, "LossConfig.tis_cap", self.tis_cap, "must be > 0")
-        check(self.cispo_eps_low is None or 0 <= self.cispo_eps_low <= 1, "LossConfig.cispo_eps_low",
-              self.cispo_eps_low, "must be in [0, 1] (the floor 1 - eps_low is >= 0) or None")
-        check(self.cispo_eps_high > 0, "LossConfig.cispo_eps_high", self.cispo_eps_high, "must be > 0")
-        check(self.m2_threshold > 0, "LossConfig.m2_threshold", self.m2_threshold, "must be > 0")
-        check(self.decoupled_is_cap is None or self.decoupled_is_cap > 0, "LossConfig.decoupled_is_cap",
-              self.decoupled_is_cap, "must be > 0 or None")
-        check(self.aggregation != "drgrpo" or (self.norm_len is not None and self.norm_len > 0), "LossConfig.norm_len",
-              self.norm_len, "aggregation='drgrpo' needs a positive constant normalizer (set it to the generation's "
-              "max new tokens)")
 
 
 # ---------------------------------------------------------------- advantages

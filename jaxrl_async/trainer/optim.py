@@ -8,41 +8,12 @@ derives it from the model's logical axes.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import jax
 import optax
 
-from planner.configs import check
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 1e-6  # peak learning rate, reached after `warmup_steps`
-    warmup_steps: int = 0  # linear ramp from 0 to `lr`
-    total_steps: int = 1000  # warm-up + cosine decay length; constant `lr * min_lr_ratio` after
-    min_lr_ratio: float = 0.1  # final learning rate as a fraction of `lr`
-    b1: float = 0.9  # Adam's first-moment decay
-    b2: float = 0.999  # Adam's second-moment decay
-    eps: float = 1e-8  # Adam's denominator floor
-    weight_decay: float = 0.01  # AdamW decay of the weight matrices
-    max_grad_norm: float | None = 1.0  # clip the global gradient norm to it; None = no clipping
-
-    def __post_init__(self) -> None:
-        check(self.lr > 0, "OptimConfig.lr", self.lr, "must be > 0")
-        check(self.warmup_steps >= 0, "OptimConfig.warmup_steps", self.warmup_steps, "must be >= 0")
-        check(self.total_steps > 0, "OptimConfig.total_steps", self.total_steps, "must be > 0")
-        if self.warmup_steps > self.total_steps:
-            raise ValueError(
-                f"OptimConfig.warmup_steps={self.warmup_steps} > total_steps={self.total_steps}: "
-                "the warm-up is part of the schedule")
-        check(0 <= self.min_lr_ratio <= 1, "OptimConfig.min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]")
-        for name in ("b1", "b2"):
-            check(0 <= getattr(self, name) < 1, f"OptimConfig.{name}", getattr(self, name), "must be in [0, 1)")
-        check(self.weight_decay >= 0, "OptimConfig.weight_decay", self.weight_decay, "must be >= 0")
-        check(self.max_grad_norm is None or self.max_grad_norm > 0, "OptimConfig.max_grad_norm", self.max_grad_norm,
-              "must be > 0 or None")
+from jaxrl_async.trainer.config import OptimConfig
 
 
 def make_schedule(cfg: OptimConfig) -> optax.Schedule:

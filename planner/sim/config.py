@@ -44,13 +44,22 @@ class SpeculationSimConfig:
     runtime's meanings: never
     | critical (the groups the policy names in `Decision.critical`, from then on) | always (every
     sequence, what any policy can use).
+
+    Attributes:
+      when: never | critical (the groups the policy marks) | always (every sequence)
+      acceptance: a: probability that one drafted token is accepted (a step then yields
+        (1-a^(k+1))/(1-a) tokens)
+      tokens: k: tokens drafted per verification
+      draft_cost: the draft's cost per drafted token, as a fraction of decode_alpha
+      max_active: weight-bound while active + k·speculating <= (k+1)·max_active (all speculating:
+        active <= max_active)
     """
 
-    when: str = "never"  # never | critical (the groups the policy marks) | always (every sequence)
-    acceptance: float = 0.7  # a: probability that one drafted token is accepted
-    tokens: int = 4  # k: tokens drafted per verification
-    draft_cost: float = 0.05  # the draft's cost per drafted token, as a fraction of decode_alpha
-    max_active: int = 32  # weight-bound while active + k·speculating <= (k+1)·max_active (all speculating: active <= max_active)
+    when: str = "never"
+    acceptance: float = 0.7
+    tokens: int = 4
+    draft_cost: float = 0.05
+    max_active: int = 32
 
     def __post_init__(self) -> None:
         p = "sim.workers.speculation"
@@ -76,30 +85,47 @@ class SpeculationSimConfig:
 
 @dataclass(frozen=True)
 class WorkerConfig:
-    """Generation workers: continuous batching with a memory-bound decode step."""
+    """Generation workers: continuous batching with a memory-bound decode step.
 
-    num_workers: int = 4  # generation workers (engines)
-    speeds: tuple[float, ...] | None = None  # per-worker speed factor (uneven workers); None = all 1
-    max_concurrency: int = 256  # sequences decoding at once on one worker (engine slots)
-    kv_capacity: int = 4_000_000  # KV-cache tokens per worker (prompt + response of running groups)
-    decode_alpha: float = 0.03  # s per decode step, fixed part (weights read once per step)
-    decode_beta: float = 1e-4  # s per decode step per active sequence (KV reads)
-    prefill_per_token: float = 2e-5  # s per prompt (or resumed prefix) token; stalls that worker's decode
-    t_sync: float = 2.0  # s to load new weights on one worker
-    # s from the trainer's publish of a version until a worker starts loading it (conversion,
-    # transfer, the engine finishing its iteration): its tokens meanwhile are on the old version.
+    Attributes:
+      num_workers: generation workers (engines)
+      speeds: per-worker speed factor (uneven workers); None = all 1
+      max_concurrency: sequences decoding at once on one worker (engine slots)
+      kv_capacity: KV-cache tokens per worker (prompt + response of running groups)
+      decode_alpha: s per decode step, fixed part (weights read once per step)
+      decode_beta: s per decode step per active sequence (KV reads)
+      prefill_per_token: s per prompt (or resumed prefix) token; stalls that worker's decode
+      t_sync: s to load new weights on one worker
+      load_lag: s from the trainer's publish of a version until a worker starts loading it
+        (conversion, transfer, the engine finishing its iteration): its tokens meanwhile are on the
+        old version.
+      colocated_slowdown: Engine and trainer share devices (one machine's cores): while the trainer
+        runs a step, every decode step costs (1 + colocated_slowdown)× its α + β·active. Applies to
+        all workers (on one machine all are colocated); prefill and weight loads are not slowed. 0 =
+        separate devices.
+      compile_s: s before each worker's first decode step (a real engine compiles its jitted steps
+        on the first iteration; planner.calibrate fits it from the trace's compiling iterations). 0
+        = none.
+      sync_mode: partial: load now, in-flight samples continue | drain: finish in-flight, then load
+      speculation: speculative decoding (`sim.workers.speculation.*`).
+      migration_s: s to move a migrated group's prompt + prefix to its target worker
+        (Decision.migrate); the target also re-prefills them (prefill_per_token). Both stall the
+        target's decoding.
+    """
+
+    num_workers: int = 4
+    speeds: tuple[float, ...] | None = None
+    max_concurrency: int = 256
+    kv_capacity: int = 4_000_000
+    decode_alpha: float = 0.03
+    decode_beta: float = 1e-4
+    prefill_per_token: float = 2e-5
+    t_sync: float = 2.0
     load_lag: float = 0.0
-    # Engine and trainer share devices (one machine's cores): while the trainer runs a step, every
-    # decode step costs (1 + colocated_slowdown)× its α + β·active. Applies to all workers (on one
-    # machine all are colocated); prefill and weight loads are not slowed. 0 = separate devices.
     colocated_slowdown: float = 0.0
-    # s before each worker's first decode step (a real engine compiles its jitted steps on the
-    # first iteration; planner.calibrate fits it from the trace's compiling iterations). 0 = none.
     compile_s: float = 0.0
-    sync_mode: str = "partial"  # partial: load now, in-flight samples continue | drain: finish in-flight, then load
+    sync_mode: str = "partial"
     speculation: SpeculationSimConfig = field(default_factory=SpeculationSimConfig)
-    # s to move a migrated group's prompt + prefix to its target worker (Decision.migrate); the
-    # target also re-prefills them (prefill_per_token). Both stall the target's decoding.
     migration_s: float = 0.05
 
     def __post_init__(self) -> None:
@@ -124,16 +150,21 @@ class WorkerConfig:
 
 @dataclass(frozen=True)
 class SimTrainerConfig:
-    """One optimizer step costs `c0 + c1 · tokens_in_batch` (prompt + response tokens)."""
+    """One optimizer step costs `c0 + c1 · tokens_in_batch` (prompt + response tokens).
 
-    c0: float = 5.0  # s: fixed cost (optimizer update, publish)
-    c1: float = 1.5e-4  # s per token in the batch
-    # true: the next step starts only once every live worker holds the version the last one
-    # published (the runtime pushes weights before it selects the next batch); false: the
-    # trainer goes on while the workers load.
+    Attributes:
+      c0: s: fixed cost (optimizer update, publish)
+      c1: s per token in the batch
+      wait_sync: true: the next step starts only once every live worker holds the version the last
+        one published (the runtime pushes weights before it selects the next batch); false: the
+        trainer goes on while the workers load.
+      compile_s: s added to the first step (a real trainer compiles its jitted update on the first
+        step; planner.calibrate fits it from the steps it leaves out of the c0/c1 fit). 0 = none.
+    """
+
+    c0: float = 5.0
+    c1: float = 1.5e-4
     wait_sync: bool = False
-    # s added to the first step (a real trainer compiles its jitted update on the first step;
-    # planner.calibrate fits it from the steps it leaves out of the c0/c1 fit). 0 = none.
     compile_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -154,17 +185,25 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class FaultConfig:
-    """Worker faults: a fixed list, a Poisson rate, or both; and attempts that hang (stalls)."""
+    """Worker faults: a fixed list, a Poisson rate, or both; and attempts that hang (stalls).
 
-    events: tuple[FaultSpec, ...] = ()  # [{time, worker}, ...]
-    rate: float = 0.0  # faults per worker per simulated hour (exponential gaps, own seeded stream)
-    recovery: str = "resume"  # resume: keep generated tokens | regenerate: start over (tokens wasted)
-    restart_after: float | None = None  # s until a dead worker comes back; None = never
-    # Each attempt hangs with this probability: it starts, holds its slots and KV, and never
-    # streams a token (a request stuck in an engine), until the stall timeout aborts it.
+    Attributes:
+      events: [{time, worker}, ...]
+      rate: faults per worker per simulated hour (exponential gaps, own seeded stream)
+      recovery: resume: keep generated tokens | regenerate: start over (tokens wasted)
+      restart_after: s until a dead worker comes back; None = never
+      stall_prob: Each attempt hangs with this probability: it starts, holds its slots and KV, and
+        never streams a token (a request stuck in an engine), until the stall timeout aborts it.
+      stall_timeout_s: The runtime's rollout.stall_timeout_s: a hung attempt is aborted this long
+        after its start and regenerated through on_group_lost(prefix_kept=False); None = no
+        watchdog.
+    """
+
+    events: tuple[FaultSpec, ...] = ()
+    rate: float = 0.0
+    recovery: str = "resume"
+    restart_after: float | None = None
     stall_prob: float = 0.0
-    # The runtime's rollout.stall_timeout_s: a hung attempt is aborted this long after its start
-    # and regenerated through on_group_lost(prefix_kept=False); None = no watchdog.
     stall_timeout_s: float | None = 300.0
 
     def __post_init__(self) -> None:
@@ -189,12 +228,19 @@ class FaultConfig:
 
 @dataclass(frozen=True)
 class SimConfig:
-    """Everything about the simulated cluster; the policy and workload are configured apart."""
+    """Everything about the simulated cluster; the policy and workload are configured apart.
+
+    Attributes:
+      workers: the generation workers (`sim.workers.*`).
+      trainer: the trainer's step cost (`sim.trainer.*`).
+      faults: worker faults and stalls (`sim.faults.*`).
+      admission_window: candidates shown to policy.admit; None = 2·batch_groups
+    """
 
     workers: WorkerConfig = field(default_factory=WorkerConfig)
     trainer: SimTrainerConfig = field(default_factory=SimTrainerConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
-    admission_window: int | None = None  # candidates shown to policy.admit; None = 2·batch_groups
+    admission_window: int | None = None
 
     def __post_init__(self) -> None:
         window = self.admission_window

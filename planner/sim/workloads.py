@@ -103,12 +103,23 @@ def register(cls: type[Workload]) -> type[Workload]:
 
 @dataclass(frozen=True)
 class LognormalParams:
-    mu: float = 6.0  # log-median response length (e^6 ≈ 400 tokens)
-    sigma: float = 0.6  # spread within a group
-    prompt_sigma: float = 0.5  # spread of the per-prompt difficulty factor (group correlation)
-    max_tokens: int = 4096  # truncation limit: lengths are clipped here
-    prompt_tokens: int = 256  # prompt length of every group
-    num_prompts: int | None = None  # dataset size; null = every prompt new
+    """`workload=lognormal`: response lengths log-normal around a per-prompt median.
+
+    Attributes:
+      mu: log-median response length (e^6 ≈ 400 tokens)
+      sigma: spread within a group
+      prompt_sigma: spread of the per-prompt difficulty factor (group correlation)
+      max_tokens: truncation limit: lengths are clipped here
+      prompt_tokens: prompt length of every group
+      num_prompts: dataset size; null = every prompt new
+    """
+
+    mu: float = 6.0
+    sigma: float = 0.6
+    prompt_sigma: float = 0.5
+    max_tokens: int = 4096
+    prompt_tokens: int = 256
+    num_prompts: int | None = None
 
     def __post_init__(self) -> None:
         _check_bounds(self, positive=("max_tokens",), nonnegative=("sigma", "prompt_sigma", "prompt_tokens"))
@@ -128,14 +139,27 @@ class Lognormal(Workload):
 
 @dataclass(frozen=True)
 class BimodalParams:
-    short_mean: float = 300.0  # median length of an easy prompt's responses
-    long_mean: float = 2500.0  # median length of a hard prompt's responses
-    p_long: float = 0.2  # fraction of hard prompts (the whole group is long)
-    sigma: float = 0.3  # spread within a group
-    prompt_sigma: float = 0.2  # spread of the per-prompt difficulty factor (group correlation)
-    max_tokens: int = 4096  # truncation limit: lengths are clipped here
-    prompt_tokens: int = 256  # prompt length of every group
-    num_prompts: int | None = None  # dataset size; null = every prompt new
+    """`workload=bimodal`: easy and hard prompts, each group all short or all long.
+
+    Attributes:
+      short_mean: median length of an easy prompt's responses
+      long_mean: median length of a hard prompt's responses
+      p_long: fraction of hard prompts (the whole group is long)
+      sigma: spread within a group
+      prompt_sigma: spread of the per-prompt difficulty factor (group correlation)
+      max_tokens: truncation limit: lengths are clipped here
+      prompt_tokens: prompt length of every group
+      num_prompts: dataset size; null = every prompt new
+    """
+
+    short_mean: float = 300.0
+    long_mean: float = 2500.0
+    p_long: float = 0.2
+    sigma: float = 0.3
+    prompt_sigma: float = 0.2
+    max_tokens: int = 4096
+    prompt_tokens: int = 256
+    num_prompts: int | None = None
 
     def __post_init__(self) -> None:
         _check_bounds(self, positive=("short_mean", "long_mean", "max_tokens"),
@@ -159,12 +183,23 @@ class Bimodal(Workload):
 
 @dataclass(frozen=True)
 class HeavyTailParams:
-    scale: float = 200.0  # Pareto (type I) minimum length
-    alpha: float = 1.5  # tail index: smaller = heavier tail
-    prompt_sigma: float = 0.3  # spread of the per-prompt difficulty factor (group correlation)
-    max_tokens: int = 8192  # truncation limit: lengths are clipped here
-    prompt_tokens: int = 256  # prompt length of every group
-    num_prompts: int | None = None  # dataset size; null = every prompt new
+    """`workload=heavy_tail`: Pareto response lengths, a few very long.
+
+    Attributes:
+      scale: Pareto (type I) minimum length
+      alpha: tail index: smaller = heavier tail
+      prompt_sigma: spread of the per-prompt difficulty factor (group correlation)
+      max_tokens: truncation limit: lengths are clipped here
+      prompt_tokens: prompt length of every group
+      num_prompts: dataset size; null = every prompt new
+    """
+
+    scale: float = 200.0
+    alpha: float = 1.5
+    prompt_sigma: float = 0.3
+    max_tokens: int = 8192
+    prompt_tokens: int = 256
+    num_prompts: int | None = None
 
     def __post_init__(self) -> None:
         _check_bounds(self, positive=("scale", "alpha", "max_tokens"), nonnegative=("prompt_sigma", "prompt_tokens"))
@@ -184,8 +219,15 @@ class HeavyTail(Workload):
 
 @dataclass(frozen=True)
 class TraceParams:
-    path: str  # JSONL trace (docs/design.md §8); cycled when the run needs more groups; required
-    prompt_tokens: int = 256  # for lines without "prompt_tokens"
+    """`workload=trace`: lengths replayed from a recorded run's JSONL trace.
+
+    Attributes:
+      path: JSONL trace (docs/design.md §8); cycled when the run needs more groups; required
+      prompt_tokens: for lines without "prompt_tokens"
+    """
+
+    path: str
+    prompt_tokens: int = 256
 
     def __post_init__(self) -> None:
         if not self.path:

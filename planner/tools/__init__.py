@@ -4,7 +4,7 @@ Commands: simulate, compare, tune, calibrate (with calibrate_tail, its speculati
 terms), audit, tail, plots (`python -m planner.tools.X`, or the stable `python -m planner.X`, a
 shim at the root that only forwards to `main`). What every command line shares, the planner's and
 the trainer's alike: entry (bad input as one line naming what the user typed, the Hydra entry
-wrapper) and help (`--help` from the config dataclasses' field comments).
+wrapper) and help (`--help` from the config dataclasses' `Attributes:` docs).
 
 What the commands, the simulator and the runtime share lives in the package, below them: the
 timing trace (planner/run_trace.py), the audit's rules (planner/ledger_audit.py), the tail analysis

@@ -1,12 +1,12 @@
-"""`--help` for a Hydra command, derived from its config dataclasses without importing them.
+"""`--help` for a Hydra command, read from its config dataclasses themselves.
 
-The one source of a key's meaning is its dataclass field: the comment at the end of the field's
-line, or else the comment lines right above it (`planner/sim/config.py` and
-`jaxrl_async/runtime/config.py` show the convention), or else the field's entry in the class
-docstring's `Attributes:` section (`jaxrl_async/engines/jax/core.py EngineConfig`). The help reads those comments from the
-source files with `ast` and `tokenize` instead of importing the classes, because the training
-side's config modules import JAX (seconds) and `--help` must answer at once; a class given as a
-class is read from its own source file the same way.
+The one source of a key's meaning is its dataclass field's entry in the class docstring's
+Google-style `Attributes:` section (`name: text`, continued on more deeply indented lines); an
+inherited field is documented by the class that declares it (the first class of the MRO whose
+section names it). The help imports each class — given as the class, or as "module:QualName"
+for `importlib` — and lists `dataclasses.fields(cls)`; a field whose type is a dataclass (or
+one or null) is a section, whose keys are listed under `field.`. Config modules import nothing
+heavy (docs/design.md §6), so `--help` answers without importing JAX.
 
 What the help lists follows the command's `conf/` file as Hydra would compose it: its defaults
 list names the `base/<path>` nodes (each a dataclass, `planner/configs.py register_defaults`) and
@@ -18,142 +18,109 @@ in the command's own YAML file.
 
 from __future__ import annotations
 
-import ast
+import dataclasses
 import functools
+import importlib
 import inspect
-import io
 import re
-import sys
 import textwrap
-import tokenize
+import types
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-# A dataclass for the help: the class itself (cheap to import) or "module:QualName" (read from
-# source only, for classes whose module imports JAX).
+# A config dataclass for the help: the class itself, or "module:QualName" (imported on use).
 Source = type | str
 DOC_WIDTH = 96
 
 
 @dataclass(frozen=True)
 class Key:
-    name: str  # dotted, as the command line takes it
-    type: str  # the annotation as written
-    doc: str  # one line
+    """One command-line key as `--help` lists it.
+
+    Attributes:
+      name: dotted, as the command line takes it.
+      type: the field's annotation as written.
+      doc: one line, from the declaring class's `Attributes:` entry.
+    """
+
+    name: str
+    type: str
+    doc: str
 
 
 @dataclass(frozen=True)
 class HelpSpec:
-    """What a command's help needs besides its `conf/` files."""
+    """What a command's help needs besides its `conf/` files.
 
-    prog: str  # "python -m planner.simulate"
-    summary: str  # one line: what the command does
-    nodes: Mapping[str, Source]  # base node path ("sim", "workload/lognormal") -> its dataclass
-    # A group whose options are no base node: group -> (option -> its dataclass or None).
+    Attributes:
+      prog: how the command is typed ("python -m planner.simulate").
+      summary: one line: what the command does.
+      nodes: base node path ("sim", "workload/lognormal") -> its dataclass.
+      option_classes: a group whose options are no base node: group -> (option -> its dataclass
+        or None).
+      extra_groups: groups added with +group=option (not in the defaults list).
+      hydra_flags: an @hydra.main command (--cfg job, -m); false for the Compose API ones.
+    """
+
+    prog: str
+    summary: str
+    nodes: Mapping[str, Source]
     option_classes: Mapping[str, Callable[[str], Source | None]] = ()
-    extra_groups: Sequence[str] = ()  # groups added with +group=option (not in the defaults list)
-    hydra_flags: bool = True  # an @hydra.main command (--cfg job, -m); false for the Compose API ones
+    extra_groups: Sequence[str] = ()
+    hydra_flags: bool = True
 
 
-def _module_file(module: str) -> Path:
-    parts = module.split(".")
-    for root in sys.path or ["."]:
-        base = Path(root or ".").joinpath(*parts)
-        for path in (base.with_suffix(".py"), base / "__init__.py"):
-            if path.is_file():
-                return path
-    raise ValueError(f"help: module {module} not found")
+def config_class(source: Source) -> type:
+    """The dataclass `source` names: itself, or "module:QualName" imported."""
+    obj: typing.Any = source
+    if isinstance(source, str):
+        module, _, qualname = source.partition(":")
+        obj = importlib.import_module(module)
+        for part in qualname.split("."):
+            obj = getattr(obj, part, None)
+    if not (isinstance(obj, type) and dataclasses.is_dataclass(obj)):
+        raise ValueError(f"help: {source!r} names no config dataclass")
+    return obj
 
 
 @functools.lru_cache(maxsize=None)
-def _parsed(path: Path) -> tuple[ast.Module, dict[int, tuple[bool, str]]]:
-    """The module's syntax tree and its comments: line -> (the line holds only the comment, text)."""
-    text = path.read_text(encoding="utf-8")
-    comments = {}
-    for tok in tokenize.generate_tokens(io.StringIO(text).readline):
-        if tok.type == tokenize.COMMENT:
-            comments[tok.start[0]] = (tok.line.lstrip().startswith("#"), tok.string.lstrip("#").strip())
-    return ast.parse(text), comments
-
-
-def _locate(source: Source) -> tuple[Path, str, str]:
-    """(source file, module name, qualified class name)."""
-    if isinstance(source, str):
-        module, _, qualname = source.partition(":")
-        return _module_file(module), module, qualname
-    return Path(inspect.getsourcefile(source)), source.__module__, source.__qualname__
-
-
-def _class(tree: ast.Module, qualname: str) -> ast.ClassDef | None:
-    body: list[ast.stmt] = tree.body
-    node = None
-    for part in qualname.split("."):
-        node = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == part), None)
-        if node is None:
-            return None
-        body = node.body
-    return node
-
-
-def _is_dataclass(node: ast.ClassDef) -> bool:
-    for d in node.decorator_list:
-        target = d.func if isinstance(d, ast.Call) else d
-        if (isinstance(target, ast.Name) and target.id == "dataclass") or \
-                (isinstance(target, ast.Attribute) and target.attr == "dataclass"):
-            return True
-    return False
-
-
-def _resolve(tree: ast.Module, path: Path, module: str, name: str) -> tuple[Path, str, str] | None:
-    """Where the class `name` used in `module` (file `path`) is defined: there, or where it is imported from."""
-    if _class(tree, name) is not None:
-        return path, module, name
-    for node in tree.body:
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            for alias in node.names:
-                if (alias.asname or alias.name) == name:
-                    try:
-                        return _module_file(node.module), node.module, alias.name
-                    except ValueError:
-                        return None
-    return None
-
-
-def _doc(node: ast.AnnAssign, comments: Mapping[int, tuple[bool, str]]) -> str:
-    """The field's comment: at the end of its line(s), else the comment-only lines right above."""
-    for line in range(node.end_lineno, node.lineno - 1, -1):
-        if line in comments and not comments[line][0]:
-            return comments[line][1]
-    above, line = [], node.lineno - 1
-    while line in comments and comments[line][0]:
-        above.insert(0, comments[line][1])
-        line -= 1
-    return " ".join(above)
-
-
-def _attributes(node: ast.ClassDef) -> dict[str, str]:
-    """The `Attributes:` section of a class docstring (Google style) -> field name -> text."""
-    doc = ast.get_docstring(node) or ""
-    out, current, indent = {}, None, None
-    lines = doc.split("Attributes:", 1)[1].splitlines() if "Attributes:" in doc else []
-    for line in lines[1:]:
+def attributes(cls: type) -> dict[str, str]:
+    """The `Attributes:` section of `cls`'s own docstring (Google style): field name -> text."""
+    doc = inspect.cleandoc(cls.__dict__.get("__doc__") or "")
+    out: dict[str, str] = {}
+    current, indent = None, None
+    lines = doc.splitlines()
+    start = next((i + 1 for i, line in enumerate(lines) if line.strip() == "Attributes:"), len(lines))
+    for line in lines[start:]:
         if not line.strip():
             if out:
                 break
             continue
         depth = len(line) - len(line.lstrip())
-        m = re.match(r"\s*(\w+):\s*(.*)$", line)
+        m = re.match(r"\s*(\w+):(?:\s+(.*))?$", line)
+        if depth == 0:
+            break  # the next section
         if m and (indent is None or depth == indent):
             indent, current = depth, m.group(1)
-            out[current] = m.group(2)
+            out[current] = (m.group(2) or "").strip()
         elif current is not None and indent is not None and depth > indent:
-            out[current] += " " + line.strip()
+            out[current] = f"{out[current]} {line.strip()}".strip()
         else:
             break
     return out
+
+
+def field_doc(cls: type, name: str) -> str:
+    """The field's entry in the `Attributes:` of the first class of `cls`'s MRO that has one (the
+    class that declares an inherited field documents it); "" when none."""
+    for klass in cls.__mro__:
+        if name in attributes(klass):
+            return attributes(klass)[name]
+    return ""
 
 
 def _one_line(doc: str) -> str:
@@ -161,45 +128,46 @@ def _one_line(doc: str) -> str:
     return doc if len(doc) <= DOC_WIDTH else textwrap.shorten(doc, DOC_WIDTH, placeholder=" …")
 
 
-def _nested_name(annotation: ast.expr) -> str | None:
-    """`X`, `X | None` or `Optional[X]` -> "X" (a possible nested config); else None."""
-    if isinstance(annotation, ast.Name):
-        return annotation.id
-    if isinstance(annotation, ast.BinOp) and isinstance(annotation.op, ast.BitOr):
-        names = [n for n in (annotation.left, annotation.right) if not (isinstance(n, ast.Constant) and n.value is None)]
-        return _nested_name(names[0]) if len(names) == 1 else None
+def section_class(annotation: typing.Any) -> type | None:
+    """`X`, `X | None` or `Optional[X]` with X a dataclass -> X (a nested section); else None."""
+    if isinstance(annotation, type):
+        return annotation if dataclasses.is_dataclass(annotation) else None
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        return section_class(args[0]) if len(args) == 1 else None
     return None
 
 
-def _fields(path: Path, module: str, qualname: str, prefix: str) -> list[Key]:
-    tree, comments = _parsed(path)
-    node = _class(tree, qualname)
-    if node is None:
-        raise ValueError(f"help: class {qualname} not found in {path}")
-    out, attributes = [], _attributes(node)
-    for stmt in node.body:
-        if not (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)):
-            continue
-        annotation = ast.unparse(stmt.annotation)
-        if annotation.startswith(("ClassVar", "typing.ClassVar")):
-            continue
-        key = f"{prefix}{stmt.target.id}"
-        name = _nested_name(stmt.annotation)
-        where = _resolve(tree, path, module, name) if name else None
-        if where is not None:
-            sub_tree, _ = _parsed(where[0])
-            sub = _class(sub_tree, where[2])
-            if sub is not None and _is_dataclass(sub):
-                out.extend(_fields(*where, f"{key}."))
-                continue
-        doc = _doc(stmt, comments) or attributes.get(stmt.target.id, "")
-        out.append(Key(key, annotation, _one_line(doc)))
-    return out
+def _annotation(field: dataclasses.Field) -> str:
+    return field.type if isinstance(field.type, str) else getattr(field.type, "__name__", str(field.type))
 
 
 def class_keys(source: Source, prefix: str = "") -> list[Key]:
-    """Every leaf key of a config dataclass (nested sections flattened), with its field comment."""
-    return _fields(*_locate(source), prefix)
+    """Every leaf key of a config dataclass (nested sections flattened), with its one-line doc."""
+    cls = config_class(source)
+    hints = typing.get_type_hints(cls)
+    out = []
+    for field in dataclasses.fields(cls):
+        key = f"{prefix}{field.name}"
+        section = section_class(hints.get(field.name))
+        if section is not None:
+            out.extend(class_keys(section, f"{key}."))
+        else:
+            out.append(Key(key, _annotation(field), _one_line(field_doc(cls, field.name))))
+    return out
+
+
+def config_classes(source: Source) -> list[type]:
+    """`source`'s class and every section class under it, each once (for the docs' checks)."""
+    seen: list[type] = []
+    todo = [config_class(source)]
+    while todo:
+        cls = todo.pop()
+        if cls not in seen:
+            seen.append(cls)
+            hints = typing.get_type_hints(cls)
+            todo.extend(s for f in dataclasses.fields(cls) if (s := section_class(hints.get(f.name))) is not None)
+    return seen
 
 
 def _yaml(conf_dir: Path, name: str) -> dict:
@@ -265,9 +233,43 @@ def _walk(conf_dir: Path, spec: HelpSpec, name: str, prefix: str, picked: Mappin
                 _walk(conf_dir, spec, f"{group}/{option}", f"{group}.", picked, sections, groups, tops)
 
 
-def help_text(conf_dir: Path, config_name: str, spec: HelpSpec, argv: Sequence[str] = ()) -> str:
-    """The command's help: usage, its config groups and options, and every key with its meaning."""
+@dataclass(frozen=True)
+class Listing:
+    """What `--help` lists for one command line.
+
+    Attributes:
+      groups: each group of the defaults list -> its default option.
+      picked: the command line's `group=option` choices.
+      sections: (key prefix, config dataclass) pairs the keys are read from, in order.
+      keys: every key, dotted -> its `Key`.
+    """
+
+    groups: dict[str, str]
+    picked: dict[str, str]
+    sections: list[tuple[str, Source]]
+    keys: dict[str, Key]
+
+
+def _group_overrides(conf_dir: Path, group: str, option: str) -> dict[str, str]:
+    """The `override /group: option` entries of a group file (`+experiment=X`) and of the sibling
+    files it starts from: the options it picks for other groups."""
+    out: dict[str, str] = {}
+    for entry in _yaml(conf_dir, f"{group}/{option}").get("defaults", []):
+        if isinstance(entry, str) and entry != "_self_":
+            out.update(_group_overrides(conf_dir, group, entry))
+        elif isinstance(entry, dict):
+            out.update({k.removeprefix("override ").lstrip("/"): v for k, v in entry.items()
+                        if k.startswith("override ")})
+    return out
+
+
+def listing(conf_dir: Path, config_name: str, spec: HelpSpec, argv: Sequence[str] = ()) -> Listing:
+    """The groups and the keys of the command's config as `argv` picks its group options (an
+    `+experiment=X` picks the options its file overrides; the command line's own choices win)."""
     picked = choices(argv)
+    for group in spec.extra_groups:
+        if group in picked:
+            picked = {**_group_overrides(conf_dir, group, picked[group]), **picked}
     sections: list[tuple[str, Source]] = []
     groups: dict[str, str] = {}
     tops = [config_name]
@@ -282,13 +284,20 @@ def help_text(conf_dir: Path, config_name: str, spec: HelpSpec, argv: Sequence[s
         for name, value in _yaml(conf_dir, top).items():
             if name not in ("defaults", "hydra") and not isinstance(value, dict) and name not in keys:
                 keys[name] = Key(name, type(value).__name__ if value is not None else "", _one_line(comments.get(name, "")))
+    return Listing(groups, picked, sections, keys)
+
+
+def help_text(conf_dir: Path, config_name: str, spec: HelpSpec, argv: Sequence[str] = ()) -> str:
+    """The command's help: usage, its config groups and options, and every key with its meaning."""
+    found = listing(conf_dir, config_name, spec, argv)
+    groups, keys = found.groups, found.keys
     lines = [f"{spec.prog} [GROUP=OPTION ...] [KEY=VALUE ...]", f"  {spec.summary}", "",
              "Config groups (GROUP=OPTION; * marks the default):"]
     for group in [*groups, *(g for g in spec.extra_groups if g not in groups)]:
         names = [f"{o}*" if o == groups.get(group) else o for o in options(conf_dir, group)]
         shown = group if group in groups else f"+{group}"
         lines.append(f"  {shown:<12} {' '.join(names)}")
-    chosen = ", ".join(f"{g}={picked.get(g, d)}" for g, d in groups.items())
+    chosen = ", ".join(f"{g}={found.picked.get(g, d)}" for g, d in groups.items())
     values = "; `--cfg job` prints every value" if spec.hydra_flags else ""
     lines += ["", f"Keys (KEY=VALUE) for {chosen}{values}:" if chosen else f"Keys (KEY=VALUE){values}:"]
     width = min(max((len(k) for k in keys), default=0), 36)

@@ -92,8 +92,19 @@ class SimulateKeys:
 
 @dataclass(frozen=True)
 class SimulateConfig:
+    """One simulation as `conf/simulate.yaml` composes it, typed and checked.
+
+    Attributes:
+      policy: the registered policy's name.
+      policy_params: native parameters the config sets (`???`: not given, the policy's default)
+      ctx: η, B, n and the steps, as every policy sees them.
+      seed: the simulator's random streams (lengths, faults).
+      workload: the `workload=` group (its `name` and its Params' keys).
+      sim: the simulated cluster.
+    """
+
     policy: str
-    policy_params: dict[str, Any]  # native parameters the config sets (`???`: not given, the policy's default)
+    policy_params: dict[str, Any]
     ctx: PlanContext
     seed: int
     workload: dict[str, Any]

@@ -66,14 +66,23 @@ QUOTA_BOUNDED_CAPS = ("max_untrained_groups", "max_inflight_groups")
 
 @dataclass(frozen=True)
 class TuneSpace:
-    """The lists searched; null = the base config's value only (sync_mode: both modes)."""
+    """The lists searched; null = the base config's value only (sync_mode: both modes).
 
-    batch_groups: list[int] | None = None  # B values
-    etas: list[int] | None = None  # η values; null = [eta] for max_staleness, 0..eta otherwise
-    cap_key: str | None = None  # the policy parameter the caps set; null = CAP_KEYS[policy]
-    caps: list[float | None] = field(default_factory=lambda: [None, 1.0, 1.125, 1.25, 1.5, 2.0])  # × B groups; null = policy default
-    max_concurrency: list[int] | None = None  # engine slots per worker (sim.workers.max_concurrency)
-    sync_mode: list[str] | None = field(default_factory=lambda: ["partial", "drain"])  # sim.workers.sync_mode
+    Attributes:
+      batch_groups: B values
+      etas: η values; null = [eta] for max_staleness, 0..eta otherwise
+      cap_key: the policy parameter the caps set; null = CAP_KEYS[policy]
+      caps: caps as multiples of B (samples: × group_size); null = the policy's default
+      max_concurrency: engine slots per worker (sim.workers.max_concurrency)
+      sync_mode: sim.workers.sync_mode
+    """
+
+    batch_groups: list[int] | None = None
+    etas: list[int] | None = None
+    cap_key: str | None = None
+    caps: list[float | None] = field(default_factory=lambda: [None, 1.0, 1.125, 1.25, 1.5, 2.0])
+    max_concurrency: list[int] | None = None
+    sync_mode: list[str] | None = field(default_factory=lambda: ["partial", "drain"])
 
     def __post_init__(self) -> None:
         for name in ("batch_groups", "etas", "caps", "max_concurrency", "sync_mode"):
@@ -91,17 +100,31 @@ class TuneSpace:
 
 @dataclass(frozen=True)
 class TuneConfig:
-    """The tuner's own keys; everything else in the composed config is planner.simulate's."""
+    """The tuner's own keys; everything else in the composed config is planner.simulate's.
 
-    target: str = "min_staleness"  # max_staleness | max_throughput | min_staleness
-    eta: int | None = None  # the bound: exact η (max_staleness) or the ceiling X; null = the base max_staleness
-    budget: int = 60  # simulated runs in all, seeds included
-    threshold: float = 0.98  # min_staleness: the fraction of the best throughput a winner keeps
-    seeds: list[int] | None = None  # simulator seeds every candidate runs; null = [seed]
-    search_seed: int = 0  # the random sample of a grid larger than the budget
-    jobs: int | None = None  # processes; null = os.cpu_count()
-    top: int = 10  # rows of the table
-    output: str = "table"  # table | json
+    Attributes:
+      target: max_staleness (η = eta, max throughput) | max_throughput (η <= eta) | min_staleness
+        (lowest mean staleness at >= threshold of the best throughput)
+      eta: the bound: exact η (max_staleness) or the ceiling X; null = the base max_staleness
+      budget: simulated runs in all (candidates × seeds); a larger grid is sampled at random
+      threshold: min_staleness: the fraction of the best throughput a winner keeps
+      seeds: simulator seeds every candidate runs; null = [seed]
+      search_seed: the random sample of a grid larger than the budget
+      jobs: processes; null = os.cpu_count()
+      top: rows of the table
+      output: table | json
+      space: the grid searched (`space.*`).
+    """
+
+    target: str = "min_staleness"
+    eta: int | None = None
+    budget: int = 60
+    threshold: float = 0.98
+    seeds: list[int] | None = None
+    search_seed: int = 0
+    jobs: int | None = None
+    top: int = 10
+    output: str = "table"
     space: TuneSpace = field(default_factory=TuneSpace)
 
     def __post_init__(self) -> None:

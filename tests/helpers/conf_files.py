@@ -6,8 +6,6 @@ states only what differs; these helpers read a file as written and as Hydra comp
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -45,10 +43,6 @@ def leaves(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def field_leaves(cls: type) -> list[str]:
-    return list(leaves(defaults(cls)))
-
-
 def restated_defaults(group: str, option: str, cls: type) -> list[str]:
     """Keys the file sets to the dataclass's own default (a copy that could drift)."""
     default = leaves(defaults(cls))
@@ -59,13 +53,3 @@ def extends(group: str, option: str) -> list[str]:
     """The entries of the file's defaults list other than `_self_` (`/base/...` or a sibling)."""
     raw = yaml.safe_load((CONF / group / f"{option}.yaml").read_text()) or {}
     return [e for e in raw.get("defaults", []) if e != "_self_"]
-
-
-def undocumented(path: Path, cls: type, skip: tuple[str, ...] = ()) -> list[str]:
-    """Fields of `cls` (leaf names, nested too) that no comment of `path` names; `section.*` in a
-    comment documents a whole nested section (described in another file)."""
-    comments = "\n".join(line.split("#", 1)[1] for line in path.read_text().splitlines() if "#" in line)
-    whole = set(re.findall(r"\b(\w+)\.\*", comments))
-    names = {key.rsplit(".", 1)[-1] for key in field_leaves(cls) if key.split(".")[0] not in (*skip, *whole)}
-    return sorted(n for n in names if not re.search(rf"\b{re.escape(n)}\b", comments))
-

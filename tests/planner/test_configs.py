@@ -8,7 +8,7 @@ from planner.configs import MISSING, build, check, check_keys, defaults
 from planner.sim.config import FaultSpec, SimConfig, WorkerConfig
 from planner.sim.workloads import WORKLOADS
 from planner.tools.simulate import register_config_nodes
-from tests.helpers.conf_files import CONF, composed, extends, options, restated_defaults, undocumented
+from tests.helpers.conf_files import composed, extends, options, restated_defaults
 
 
 @dataclass(frozen=True)
@@ -121,12 +121,11 @@ def test_a_simulator_group_file_states_only_what_differs_and_composes_every_key(
 
 
 @pytest.mark.parametrize(("group", "option"), OPTIONS)
-def test_a_simulator_group_file_documents_every_key_or_extends_one_that_does(group, option):
+def test_a_simulator_group_file_starts_from_its_defaults_node_or_from_a_sibling_that_does(group, option):
+    """Its keys are the dataclass's, which `--help` describes (tests/jaxrl_async/cli/test_help.py)."""
     (first, *_) = extends(group, option)
-    if first.startswith("/base/"):
-        assert undocumented(CONF / group / f"{option}.yaml", TYPED[group][option]) == []
-    else:
-        assert first in options(group) and extends(group, first)[0].startswith(f"/base/{group}")
+    assert first.startswith(f"/base/{group}") or (
+        first in options(group) and extends(group, first)[0].startswith(f"/base/{group}"))
 
 
 @dataclass(frozen=True)

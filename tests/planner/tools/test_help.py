@@ -1,4 +1,4 @@
-"""planner/tools/help.py: --help from the dataclasses' field comments, fast, without base/* groups."""
+"""planner/tools/help.py: --help from the dataclasses' Attributes: docs, fast, without base/* groups."""
 
 import os
 import subprocess
@@ -6,7 +6,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from planner.tools.help import class_keys
+import pytest
+
+from planner.tools.help import attributes, class_keys, config_class
 from tests.helpers import REPO
 
 
@@ -15,33 +17,65 @@ class Inner:
     """A section.
 
     Attributes:
-      rate: from the docstring, when the field has no comment;
+      rate: the first line,
         continued here.
+      size: one line.
+
+    Notes: another section; not a field's doc.
     """
 
     rate: float = 0.5
-    size: int = 1  # from the comment
+    size: int = 1
 
 
 @dataclass(frozen=True)
 class Outer:
-    # from the lines above,
-    # both of them
+    """A config with sections.
+
+    Attributes:
+      depth: declared here.
+      inner: a section: its keys are listed, not this line.
+      spare: a section too, when it may be null.
+    """
+
     depth: int = 2
-    inner: Inner = field(default_factory=Inner)  # a section: its keys are listed, not this line
+    inner: Inner = field(default_factory=Inner)
     spare: Inner | None = None
 
 
-def test_a_keys_meaning_is_its_fields_comment_or_docstring_entry_and_sections_are_flattened():
-    keys = {k.name: k.doc for k in class_keys(Outer)}
+@dataclass(frozen=True, kw_only=True)
+class Derived(Outer):
+    """A subclass documents only the fields it declares.
+
+    Attributes:
+      extra: its own field.
+    """
+
+    extra: str = "x"
+
+
+def test_a_keys_meaning_is_the_attributes_entry_of_the_class_that_declares_it_and_sections_are_flattened():
+    keys = {k.name: k.doc for k in class_keys(Derived)}
     assert keys == {
-        "depth": "from the lines above, both of them",
-        "inner.rate": "from the docstring, when the field has no comment; continued here.",
-        "inner.size": "from the comment",
-        "spare.rate": "from the docstring, when the field has no comment; continued here.",
-        "spare.size": "from the comment",
+        "depth": "declared here.",
+        "inner.rate": "the first line, continued here.",
+        "inner.size": "one line.",
+        "spare.rate": "the first line, continued here.",
+        "spare.size": "one line.",
+        "extra": "its own field.",
     }
-    assert {k.name: k.doc for k in class_keys("tests.planner.tools.test_help:Outer")} == keys  # from source alone
+    assert {k.name: k.doc for k in class_keys("tests.planner.tools.test_help:Derived")} == keys  # imported by name
+
+
+def test_the_attributes_section_ends_at_the_next_section():
+    assert attributes(Inner) == {"rate": "the first line, continued here.", "size": "one line."}
+    assert attributes(Derived) == {"extra": "its own field."}  # its own docstring only
+
+
+@pytest.mark.parametrize("source", ["tests.planner.tools.test_help:Nothing", "tests.planner.tools.test_help:help_of"])
+def test_a_name_that_is_no_config_dataclass_is_an_error_naming_it(source):
+    with pytest.raises(ValueError, match=source):
+        config_class(source)
 
 
 def help_of(module: str, *args: str) -> tuple[str, float]:
