@@ -24,6 +24,7 @@ from typing import Any
 
 from jaxrl_async.engines.base import GenerationEngine
 from jaxrl_async.engines.jax.core import EngineConfig
+from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.engines.vllm.engine import VllmEngineConfig
 from planner.configs import build, check
 
@@ -44,6 +45,7 @@ class EngineFacts:
     sync_mode: str  # how a weight update treats in-flight samples (planner/types.py SYNC_MODES)
     colocate: bool  # the replicas share the trainer's devices (time-shared)
     places_itself: bool  # takes the model as loaded and places itself: no mesh from the run
+    speculation: SpeculationConfig | None = None  # its `engine.speculation.*`; None: a backend without it
 
 
 @dataclass(frozen=True)
@@ -96,7 +98,8 @@ def build_engine(name: str, config: Any, loaded_model: Any, *, mesh: Any = None)
 
 def _jax_facts(config: EngineConfig) -> EngineFacts:
     return EngineFacts("num_slots", config.num_slots, config.kv_tokens, config.replicas,
-                       config.tensor_parallel, config.sync_mode, config.colocate, places_itself=False)
+                       config.tensor_parallel, config.sync_mode, config.colocate, places_itself=False,
+                       speculation=config.speculation)
 
 
 def _jax(config: EngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
@@ -109,7 +112,7 @@ def _vllm_facts(config: VllmEngineConfig) -> EngineFacts:
     # vLLM sizes its KV cache from memory (kv_cache_memory_bytes), and places itself on
     # tensor_parallel_size GPUs in its own processes.
     return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, config.sync_mode,
-                       colocate=False, places_itself=True)
+                       colocate=False, places_itself=True, speculation=config.speculation)
 
 
 def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
