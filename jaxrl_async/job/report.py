@@ -8,6 +8,7 @@ mode reports itself without a change here.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,9 +20,11 @@ from flax import nnx
 
 from jaxrl_async.cluster.placement import Placement
 from jaxrl_async.job.setup import TrainSetup
+from jaxrl_async.job.tail_keys import policy_params, tail_keys
 from jaxrl_async.models.hf_weights import save_hf
 from jaxrl_async.models.loading import LoadedModel
 from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
+from jaxrl_async.runtime.progress import tail_text
 from jaxrl_async.trainer.trainer import Trainer
 from jaxrl_async.trees import cast_floats
 from planner.tools.audit import audit, audited_bound
@@ -33,15 +36,20 @@ def trace_meta(setup: TrainSetup, placement: Placement | None = None) -> dict[st
     """The timing trace's `run` line (planner/tools/run_trace.py): the planner's context and what the
     simulator needs of the engine — workers, slots per worker, KV tokens per worker, sync mode, and
     whether it shares the trainer's devices (`colocated`: an engine the trainer's process places
-    with `engine.colocate=true`; other engines place themselves and time no iterations)."""
+    with `engine.colocate=true`; other engines place themselves and time no iterations) — and,
+    for an engine that speculates, `speculation` (what `planner.calibrate` needs of it)."""
     run, facts = setup.run, setup.engine_facts
     colocated = (placement is not None and placement.colocate and facts.colocate and not facts.places_itself
                  and setup.engine_in_process)
-    return {"policy": setup.policy_name, "max_staleness": run.max_staleness, "batch_groups": run.batch_groups,
+    meta = {"policy": setup.policy_name, "max_staleness": run.max_staleness, "batch_groups": run.batch_groups,
             "group_size": run.group_size, "admission_window": run.window, "max_new_tokens": run.max_new_tokens,
             "engine": setup.engine_name,
             "workers": setup.engine_workers, "slots": facts.slots, "kv_tokens": facts.kv_tokens,
             "sync_mode": facts.sync_mode, "colocated": bool(colocated)}
+    spec = tail_keys(setup).speculation
+    if spec is not None:
+        meta["speculation"] = {"when": spec.when, "tokens": spec.tokens, "max_active": spec.max_active}
+    return meta
 
 
 def placement_summary(setup: TrainSetup, placement: Placement) -> dict[str, Any]:
@@ -70,10 +78,17 @@ def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path) -> Path:
 def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir: Path,
                   extra: dict[str, Any]) -> dict[str, Any]:
     """summary.json for the controller's `result` (its `RunResult`): docs/design.md §8.1's keys,
-    `extra`, and — when the run finished — the audit's verdict over the run's files and, with a
-    timing trace, `tail` (planner/tools/tail.py: where the tail's time went)."""
+    `extra`, the policy's parameters and the engine's speculation keys when it speculates (so
+    that the report can say what the tail's features did), and — when the run finished — the
+    audit's verdict over the run's files and, with a timing trace, `tail` (planner/tools/tail.py:
+    where the tail's time went)."""
     run = setup.run
-    extra = {"completed": result.completed, "run_dir": str(run_dir), **extra}
+    params = policy_params(setup)
+    extra = {"completed": result.completed, "run_dir": str(run_dir), **extra,
+             "policy_params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {}}
+    spec = tail_keys(setup).speculation
+    if spec is not None:
+        extra["speculation"] = dataclasses.asdict(spec)
     if result.completed:
         report = audit(run_dir, audited_bound(run.max_staleness, bound))
         extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
@@ -125,6 +140,10 @@ def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
         f"token staleness: max {out['max_token_staleness']}, mean {out['mean_token_staleness']:.2f}, "
         f"histogram {out['staleness_histogram']}",
     ]
+    tail = tail_text(out, speculation=bool(out.get("speculation")),
+                     migration=bool((out.get("policy_params") or {}).get("migrate")) or bool(out.get("groups_migrated")))
+    if tail:  # the tail's features that were on, and what they did
+        lines.append(f"tail: {tail}")
     if out.get("completed"):
         lines.append(out["audit_verdict"])
     else:

@@ -16,6 +16,7 @@ first step and then counts no compile.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 STARTING = "starting: compiling the engine and the train step (the first step includes it)…"
@@ -58,18 +59,21 @@ def _hist_text(hist: dict[str, int]) -> str:
     return " ".join(f"{s}:{100 * t / total:.0f}%" for s, t in sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
-def _tail_text(r: dict[str, Any], *, speculation: bool, migration: bool) -> str:
-    """"drafted 120, accepted 80 (67%); migrated 3": the tail's counts of the features that are on."""
+def tail_text(r: Mapping[str, Any], *, speculation: bool, migration: bool) -> str:
+    """"drafted 120 tokens in 40 sequence-iterations, accepted 80 (67%); migrated 3 groups": the
+    tail's counts (a step record's or summary.json's, metrics.py `tail_counts`) of the features
+    that are on; "" when none is."""
     parts = []
     if speculation:
         drafted, accepted = r.get("speculation_drafted_tokens"), r.get("speculation_accepted_tokens")
         if drafted is None:
-            parts.append("speculation: not counted by this engine")
+            parts.append("speculation not counted (the engine reports no iterations)")
         else:
             rate = f" ({100 * accepted / drafted:.0f}%)" if drafted else ""
-            parts.append(f"drafted {drafted}, accepted {accepted}{rate}")
+            parts.append(f"drafted {drafted} tokens in {r.get('speculating_sequences')} sequence-iterations, "
+                         f"accepted {accepted}{rate}")
     if migration:
-        parts.append(f"migrated {r.get('groups_migrated', 0)}")
+        parts.append(f"migrated {r.get('groups_migrated', 0)} groups")
     return "; ".join(parts)
 
 
@@ -117,7 +121,7 @@ class ProgressDisplay:
         skipped = " SKIPPED(non-finite loss)" if r.get("skipped") else ""
         held_out = (f" eval(v{r['eval/version']}) pass@1 {r['eval/pass_at_1']:.3f}"
                     if r.get("eval/pass_at_1") is not None else "")
-        tail = _tail_text(r, **self.tail)
+        tail = tail_text(r, **self.tail)
         return (f"step {r['step'] + 1}/{self.total_steps} reward {r['reward_mean']:.3f} loss {r['loss']:.4f} "
                 f"stale(max) {r['max_staleness_in_batch']} hist [{_hist_text(r['staleness_hist'])}] "
                 f"gen {100 * r['generator_busy']:.0f}% train {100 * r['trainer_busy']:.0f}% "
@@ -146,7 +150,7 @@ class ProgressDisplay:
         table.add_row("staleness\n(tokens)", bars or "–")
         table.add_row("busy", f"generator {100 * r['generator_busy']:.0f}%  trainer {100 * r['trainer_busy']:.0f}%")
         table.add_row("throughput", f"{r['tokens_per_s']:.0f} tokens/s")
-        tail = _tail_text(r, **self.tail)
+        tail = tail_text(r, **self.tail)
         if tail:
             table.add_row("tail", tail)
         if self._evals:
