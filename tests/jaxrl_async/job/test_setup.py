@@ -46,14 +46,15 @@ def test_the_jax_engine_states_its_slots_kv_replicas_sync_mode_and_placement():
     config = EngineConfig(num_slots=16, max_len=48, replicas=2, tensor_parallel=1, sync_mode="drain", colocate=False)
     assert ENGINES["jax"].facts(config) == EngineFacts(
         slots_key="num_slots", slots=16, kv_tokens=16 * 48, replicas=2, tensor_parallel=1, sync_mode="drain",
-        colocate=False, places_itself=False)
+        colocate=False, places_itself=False, speculation=config.speculation)
     assert config.name == "jax"
 
 
 def test_the_vllm_engine_places_itself_and_sizes_its_own_cache():
-    facts = ENGINES["vllm"].facts(VllmEngineConfig(max_num_seqs=24, tensor_parallel_size=2, sync_mode="resubmit"))
-    assert facts == EngineFacts(slots_key="max_num_seqs", slots=24, kv_tokens=None, replicas=1, tensor_parallel=2,
-                                sync_mode="resubmit", colocate=False, places_itself=True)
+    config = VllmEngineConfig(max_num_seqs=24, tensor_parallel_size=2, sync_mode="resubmit")
+    assert ENGINES["vllm"].facts(config) == EngineFacts(
+        slots_key="max_num_seqs", slots=24, kv_tokens=None, replicas=1, tensor_parallel=2, sync_mode="resubmit",
+        colocate=False, places_itself=True, speculation=config.speculation)
 
 
 def test_the_default_run_reads_its_trace_and_placement_facts_from_the_jax_entry():
