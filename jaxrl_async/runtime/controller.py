@@ -95,7 +95,6 @@ class Controller:
                                    f"resume={self.run_dir}", on_failure=self.request_stop)
         self.trace = trace
         self._tracer = RunTracer(trace, self.now)
-        # The ledger, the trace (its `run` line: `trace_meta`, the engine's and planner's settings), metrics.
         self._recorder = RunRecorder(ledger, self._tracer, self.sinks, cfg.steps, dict(trace_meta or {}))
 
     # ================================================================== time
@@ -358,6 +357,7 @@ class Controller:
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
             await self._outbox.flush()
             self._recorder.flush_durable()  # the ledger before the metrics record (runtime/recording.py)
+            self._recorder.count(self.stats, self.engine.timings())  # the record's totals: every iteration so far
             self._recorder.record(step, await self._stats_now(), groups, trained, engine=EngineLoad.of(
                 await self.engine.stats()), inflight_groups=self.groups_in_flight(), done_groups=self.table.done(),
                 extra=self._evals.take_pending())

@@ -11,10 +11,11 @@ calls it at each event, in its order:
 - when it trained (`trained`): the run's totals (`RunStats`: groups and tokens trained, the
   staleness histogram, skipped steps), then — after the policy heard of the step — the trace's
   `train` line (`traced`);
-- at every step end and at the run's end (`engine_work`): the engine's timings, drained even
-  without a trace so that the engine does not hold them for the whole run; their decode
-  iterations are counted into the totals (`RunStats.add_iterations`: speculation's drafted and
-  accepted tokens), then traced;
+- the engine's timings (`GenerationEngine.timings()`), drained even without a trace so that the
+  engine does not hold them for the whole run: before each metrics record (`count`), so that the
+  record's totals hold every iteration so far (`RunStats.add_iterations`: speculation's drafted
+  and accepted tokens), and at every step end and at the run's end (`engine_work`), which also
+  traces what was drained since the last trace;
 - `flush_durable`: the ledger and the trace to disk (fsync, docs/fault_tolerance.md), before
   the metrics record, so that a kill between them leaves metrics.jsonl no longer than the
   ledger's steps (the audit compares the two);
@@ -54,6 +55,7 @@ class RunRecorder:
         self.sinks = sinks
         self.run_meta = run_meta
         self._eta = Eta(total_steps)
+        self._untraced: list[EngineTiming] = []  # counted, traced at the next `engine_work`
         self._last = (0.0, 0)  # (run seconds, tokens generated) at the previous record
 
     def start(self, step: int, tokens_generated: int) -> None:
@@ -102,10 +104,17 @@ class RunRecorder:
     def traced(self, step: int, groups: list[GroupRollout], timing: StepTiming) -> None:
         self.tracer.step_trained(step, groups, timing.start_s, timing.train_s)
 
-    def engine_work(self, stats: RunStats, timings: Iterable[EngineTiming], run_s: Callable[[float], float]) -> None:
-        """The engine's timings since the last call: counted into `stats`, then traced."""
+    def count(self, stats: RunStats, timings: Iterable[EngineTiming]) -> None:
+        """The engine's timings since it was last drained, counted into `stats` (traced later)."""
         timings = list(timings)
         stats.add_iterations(timings)
+        self._untraced += timings
+
+    def engine_work(self, stats: RunStats, timings: Iterable[EngineTiming], run_s: Callable[[float], float]) -> None:
+        """The engine's timings since it was last drained, counted into `stats`; then every one not
+        traced yet, in time order (as one drain would give them), traced."""
+        self.count(stats, timings)
+        timings, self._untraced = sorted(self._untraced, key=lambda e: e.t), []
         self.tracer.engine(timings, run_s)
 
     def flush_durable(self) -> None:

@@ -18,8 +18,9 @@ def test_the_engines_decode_iterations_are_summed_into_the_tail_counts_and_loads
     recorder.engine_work(stats, [EngineTiming("decode", 0, 0.0, 0.1, 4, 8, drafted=12, accepted=5, speculating=3),
                                  EngineTiming("load", 0, 0.1, 0.2, version=1),
                                  EngineTiming("decode", 1, 0.2, 0.1, 4, 8)], run_s=lambda t: t)
-    recorder.engine_work(stats, [EngineTiming("decode", 0, 0.3, 0.1, 2, 4, drafted=8, accepted=7, speculating=2)],
-                         run_s=lambda t: t)
+    # Counted before a step's record (traced with the next drain), then at the step's end.
+    recorder.count(stats, [EngineTiming("decode", 0, 0.3, 0.1, 2, 4, drafted=8, accepted=7, speculating=2)])
+    recorder.engine_work(stats, [], run_s=lambda t: t)
     assert stats.engine_iterations == 3
     assert tail_counts(stats) == {"groups_migrated": 0, "speculation_drafted_tokens": 20,
                                   "speculation_accepted_tokens": 12, "speculation_acceptance": 0.6,

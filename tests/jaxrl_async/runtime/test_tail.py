@@ -50,8 +50,8 @@ def test_a_run_that_speculates_reports_its_drafted_and_accepted_tokens(tmp_path)
     assert drafted > 0 and 0 <= accepted <= drafted, summary
     assert summary["speculation_acceptance"] == pytest.approx(accepted / drafted)
     assert summary["speculation"]["when"] == "always"
-    last = read_jsonl(tmp_path / "run" / "metrics.jsonl")[-1]  # the run so far, at each step
-    assert 0 < last["speculation_drafted_tokens"] <= drafted
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")  # the run so far, at each step, the first included
+    assert 0 < rows[0]["speculation_drafted_tokens"] <= rows[-1]["speculation_drafted_tokens"] <= drafted
 
 
 @pytest.mark.slow
