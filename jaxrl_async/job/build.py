@@ -3,7 +3,8 @@ and the run's generation engine (`make_generation_engine`).
 
 Order: the task first (a bad dataset line fails before minutes of compilation), the model, the
 placement of the trainer and the engines (the engine's registry entry plans it), the engine
-before the trainer (which donates its params every step), the checkpointer, the restored state
+before the trainer (which donates its params every step) — with one warning line for each tail
+key that cannot act on it (job/tail_keys.py) —, the checkpointer, the restored state
 on a resume, and — on process 0 only — the controller with its ledger, sinks and trace. In a job
 of several JAX processes every other process builds only the model, its shard of the trainer
 and the checkpointer, and follows process 0 (jaxrl_async/cluster/lockstep.py).
@@ -12,6 +13,7 @@ and the checkpointer, and follows process 0 (jaxrl_async/cluster/lockstep.py).
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +32,7 @@ from jaxrl_async.engines.replicated import ReplicatedEngine
 from jaxrl_async.job.report import trace_meta
 from jaxrl_async.job.resume import restore, run_meta
 from jaxrl_async.job.setup import TrainSetup
+from jaxrl_async.job.tail_keys import inert_keys, tail_keys
 from jaxrl_async.models.loading import LoadedModel, load_model
 from jaxrl_async.runtime.controller import Controller
 from jaxrl_async.runtime.metrics import METRICS_FILE, JsonlSink, TensorBoardSink
@@ -43,6 +46,7 @@ from planner.sim.recorder import EventRecorder
 from planner.run_trace import TRACE_FILE, TraceWriter
 from planner.types import PlanContext
 
+log = logging.getLogger(__name__)
 
 @dataclass
 class Components:
@@ -73,6 +77,8 @@ def build_components(setup: TrainSetup, run_dir: Path, *, leader: bool, resuming
     holder: list[Controller] = []  # the engine reports lost requests to the controller built below
     engine = make_generation_engine(setup, loaded, placement,
                                     on_lost=lambda ids: holder[0].on_requests_lost(ids)) if leader else None
+    for line in inert_keys(setup, engine) if leader else ():  # a tail key that cannot act says so, once
+        log.warning(line)
     trainer = Trainer(loaded.model, setup.trainer, mesh=placement.trainer_mesh)
     checkpointer = Checkpointer(run_dir, keep=run.keep_checkpoints, every=run.checkpoint_every)
     meta = restore(checkpointer, trainer, setup, task, run_dir, leader=leader) if resuming else None
@@ -107,8 +113,10 @@ def build_controller(setup: TrainSetup, parts: Components, engine: GenerationEng
     if run.tensorboard:
         sinks.append(TensorBoardSink(run_dir / "tb"))
     if run.progress != "off":
-        sinks.append(ProgressDisplay(total_steps=run.steps, policy=setup.policy_name,
-                                     max_staleness=run.max_staleness, mode=run.progress))
+        tail = tail_keys(setup)  # the progress line shows the counts of the tail's features that are on
+        sinks.append(ProgressDisplay(total_steps=run.steps, policy=setup.policy_name, max_staleness=run.max_staleness,
+                                     mode=run.progress, speculation=tail.speculation is not None,
+                                     migration=tail.migrate))
     stop_ids = loaded.stop_token_ids
     encode = task.encoder(tokenizer, loaded.chat_template)  # the held-out prompts, as training's
     controller = Controller(

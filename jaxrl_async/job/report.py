@@ -20,9 +20,11 @@ from flax import nnx
 
 from jaxrl_async.cluster.placement import Placement
 from jaxrl_async.job.setup import TrainSetup
+from jaxrl_async.job.tail_keys import policy_params, tail_keys
 from jaxrl_async.models.hf_weights import save_hf
 from jaxrl_async.models.loading import LoadedModel
 from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
+from jaxrl_async.runtime.progress import tail_text
 from jaxrl_async.trainer.trainer import Trainer
 from jaxrl_async.trees import cast_floats
 from planner.ledger_audit import audit, audited_bound
@@ -76,10 +78,17 @@ def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path) -> Path:
 def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir: Path,
                   extra: dict[str, Any]) -> dict[str, Any]:
     """summary.json for the controller's `result` (its `RunResult`): docs/design.md §8.1's keys,
-    `extra`, and — when the run finished — the audit's verdict over the run's files and, with a
-    timing trace, `tail` (planner/tail_analysis.py: where the tail's time went)."""
+    `extra`, the policy's parameters and the engine's speculation keys when it speculates (so
+    that the report can say what the tail's features did), and — when the run finished — the
+    audit's verdict over the run's files and, with a timing trace, `tail` (planner/tail_analysis.py:
+    where the tail's time went)."""
     run = setup.run
-    extra = {"completed": result.completed, "run_dir": str(run_dir), **extra}
+    params = policy_params(setup)
+    extra = {"completed": result.completed, "run_dir": str(run_dir), **extra,
+             "policy_params": dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {}}
+    spec = tail_keys(setup).speculation
+    if spec is not None:
+        extra["speculation"] = dataclasses.asdict(spec)
     if result.completed:
         report = audit(run_dir, audited_bound(run.max_staleness, bound))
         extra.update(audit_ok=report.ok, audit_verdict=report.verdict(), groups_lost=len(report.lost),
@@ -131,6 +140,10 @@ def final_report(out: Mapping[str, Any], metrics_path: Path) -> str:
         f"token staleness: max {out['max_token_staleness']}, mean {out['mean_token_staleness']:.2f}, "
         f"histogram {out['staleness_histogram']}",
     ]
+    tail = tail_text(out, speculation=bool(out.get("speculation")),
+                     migration=bool((out.get("policy_params") or {}).get("migrate")) or bool(out.get("groups_migrated")))
+    if tail:  # the tail's features that were on, and what they did
+        lines.append(f"tail: {tail}")
     if out.get("completed"):
         lines.append(out["audit_verdict"])
     else:

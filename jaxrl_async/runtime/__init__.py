@@ -12,8 +12,15 @@
   - `groups`: the candidate window and the live groups, in the planner's `GroupState` (being scored
     is RUNNING's last part), and their part of a checkpoint;
   - `clock`: run seconds and the trainer's and engine's busy seconds, across resumed segments.
+  - `recording`: the run's record — ledger and trace lines of each event, the run's totals
+    (the tail's counts included), one metrics record per step;
+  - `training`: a step's trainer side — the optimizer step in its own thread, timed, and the
+    publication of its weights;
+  - `requests`: an admitted group's engine request (sampling limits, seed, priority);
+  - `tail`: the planner's critical marks and migrations as engine calls.
 - `rollouts`: streamed engine pieces -> groups (start version, tokens by version, done).
-- `scoring`: a done group's rewards through the task's never-raising reward runner.
+- `scoring`: a done group's rewards through the task's never-raising reward runner, and the run's
+  reward book (counts, failures, the stop when too many fail).
 - `batching`: scored groups -> the trainer's padded `TrainBatch`; staleness of a batch.
 - `metrics`: run totals, the per-step record and its sinks (metrics.jsonl, TensorBoard), summary.json.
 - `progress`: the live display (rich on a terminal, plain lines otherwise) and the ETA (which

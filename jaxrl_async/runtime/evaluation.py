@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams
+from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SampleOutput, SamplingParams
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tokenizer import Tokenizer
 
@@ -73,6 +73,11 @@ class EvalScheduler:
         self.running = EngineEval(self.prompts, version, max_new_tokens=self.max_new_tokens,
                                   stop_token_ids=self.stop_token_ids)
         return self.running.requests()
+
+    async def submit(self, engine: GenerationEngine, version: int) -> None:
+        """Evaluate the weights `version` that `engine` now holds: send `start`'s requests."""
+        for request in self.start(version):
+            await engine.submit(request)
 
     def add(self, piece: SampleOutput) -> EngineEval | None:
         """Route one eval piece; returns the running evaluation once all its prompts are done."""

@@ -112,6 +112,15 @@ class GroupTable:
     def done(self) -> int:
         return sum(g.state == GroupState.DONE for g in self.groups.values())
 
+    def failed_rewards(self) -> list[LiveGroup]:
+        """Done groups whose rewards failed (a checkpoint's: they are scored again before any batch)."""
+        return [g for g in self.groups.values() if g.state == GroupState.DONE and g.rollout.reward_errors]
+
+    def deadlock(self, policy: str, step: int) -> RuntimeError:
+        """The error of a run whose trainer waits for `step` with nothing in flight."""
+        return RuntimeError(f"policy {policy}: the trainer waits for step {step} but nothing is generating or being "
+                            f"scored ({self.done()} done groups, {len(self.window)} candidates refused): deadlock")
+
     # ================================================================== checkpoints
     def saved_window(self) -> tuple[tuple[int, Prompt], ...]:
         return tuple((c.uid, p) for c, p in self.window)

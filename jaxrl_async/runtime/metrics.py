@@ -18,7 +18,7 @@ import json
 import math
 import os
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -28,7 +28,7 @@ from planner.jsonl import read_jsonl_lines
 from planner.run_files import METRICS_FILE, SUMMARY_FILE  # noqa: F401  (the runtime's modules import them here)
 
 if TYPE_CHECKING:
-    from jaxrl_async.engines.base import EngineStats
+    from jaxrl_async.engines.base import EngineStats, EngineTiming
 
 
 class MetricsSink(Protocol):
@@ -52,6 +52,13 @@ class RunStats:
     groups_dropped: int = 0
     groups_stalled: int = 0  # attempts aborted by the stall watchdog and regenerated (runtime/liveness.py)
     groups_migrated: int = 0  # running groups moved to a less loaded engine replica (runtime/tail.py)
+    # The engine's decode iterations (`EngineTiming`, drained at every step end) and what speculative
+    # decoding did in them: 0 iterations means the engine times none (vLLM, Ray workers), so its
+    # speculation could not be counted.
+    engine_iterations: int = 0
+    speculation_drafted_tokens: int = 0
+    speculation_accepted_tokens: int = 0  # of the drafted tokens, those the verification kept
+    speculating_sequences: int = 0  # sequences that drafted, summed over the iterations
     tokens_generated: int = 0
     tokens_trained: int = 0
     tokens_wasted: int = 0  # generated tokens of dropped groups
@@ -74,6 +81,15 @@ class RunStats:
         self.staleness.update(hist)
         self.tokens_trained += sum(hist.values())
 
+    def add_iterations(self, timings: Iterable[EngineTiming]) -> None:
+        """Count the engine's decode iterations and their speculation (`GenerationEngine.timings()`)."""
+        for t in timings:
+            if t.kind == "decode":
+                self.engine_iterations += 1
+                self.speculation_drafted_tokens += t.drafted
+                self.speculation_accepted_tokens += t.accepted
+                self.speculating_sequences += t.speculating
+
     def to_json(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["staleness"] = {str(s): t for s, t in sorted(self.staleness.items())}
@@ -86,6 +102,34 @@ class RunStats:
         d["staleness"] = Counter({int(s): int(t) for s, t in d["staleness"].items()})
         d["reward_errors_by_type"] = Counter(d.get("reward_errors_by_type", {}))
         return cls(**d)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """What a run (a segment of it) ends with: summary.json is written from it (job/report.py)."""
+
+    steps_done: int
+    completed: bool  # all `steps` trained (False: stopped for a checkpoint)
+    stats: RunStats
+    elapsed_s: float
+    trainer_busy_s: float
+    generator_busy_s: float
+
+
+def tail_counts(stats: RunStats) -> dict[str, Any]:
+    """What the tail's mechanisms did, the run so far (docs/design.md §2.14, §8.1): groups migrated,
+    tokens drafted and accepted by speculative decoding, its acceptance rate (null: nothing
+    drafted) and the sequences that drafted, summed over iterations. The speculation counts are
+    null when the engine times no iteration (vLLM, Ray workers): unknown, not zero."""
+    counted = stats.engine_iterations > 0
+    drafted, accepted = stats.speculation_drafted_tokens, stats.speculation_accepted_tokens
+    return {
+        "groups_migrated": stats.groups_migrated,
+        "speculation_drafted_tokens": drafted if counted else None,
+        "speculation_accepted_tokens": accepted if counted else None,
+        "speculation_acceptance": accepted / drafted if counted and drafted else None,
+        "speculating_sequences": stats.speculating_sequences if counted else None,
+    }
 
 
 @dataclass(frozen=True)
@@ -134,7 +178,7 @@ def step_record(step: int, metrics: dict[str, float], hist: dict[int, int], leng
             "done_groups": done_groups,
             "reward_errors": stats.reward_errors,
             "groups_stalled": stats.groups_stalled,
-            "groups_migrated": stats.groups_migrated,
+            **tail_counts(stats),
             "push_s": stats.last_push_s,  # the latest weight push (after the previous step)
             "eta_s": eta_s,
             **{f"train/{k}": v for k, v in metrics.items() if k not in ("reward_mean", "loss", "skipped")},
@@ -167,7 +211,7 @@ def summary(stats: RunStats, *, policy: str, max_staleness: int | None, stalenes
             "reward_errors": stats.reward_errors,
             "reward_errors_by_type": dict(sorted(stats.reward_errors_by_type.items())),
             "groups_stalled": stats.groups_stalled,
-            "groups_migrated": stats.groups_migrated,
+            **tail_counts(stats),
             "rewards_scored": stats.rewards_scored,
             "weight_push_s_mean": stats.push_s / max(1, stats.pushes),
             "weight_push_s_max": stats.push_max_s,

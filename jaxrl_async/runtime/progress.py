@@ -2,7 +2,10 @@
 
 It is a `MetricsSink`: it reads the same per-step record as `metrics.jsonl`, plus the run-so-far
 keys the controller adds for it (`staleness_hist`, `trainer_busy`, `generator_busy`, `eta_s`),
-and the held-out figures (`eval/pass_at_1`, `eval/version`) of the records that carry them.
+and the held-out figures (`eval/pass_at_1`, `eval/version`) of the records that carry them. With
+speculation or migration on (`speculation`, `migration`), what they did so far (the records'
+`speculation_*` and `groups_migrated`, metrics.py `tail_counts`): a mechanism that is on shows its
+counts even when they are 0, since a tail feature that does nothing must not look like one that works.
 
 The first step of a run includes compiling the engine and the train step (tens of seconds, 10–20
 step times), so until it ends the display says so — a panel status, or one plain line at start —
@@ -13,6 +16,7 @@ first step and then counts no compile.
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 STARTING = "starting: compiling the engine and the train step (the first step includes it)…"
@@ -55,12 +59,32 @@ def _hist_text(hist: dict[str, int]) -> str:
     return " ".join(f"{s}:{100 * t / total:.0f}%" for s, t in sorted(hist.items(), key=lambda kv: int(kv[0])))
 
 
+def tail_text(r: Mapping[str, Any], *, speculation: bool, migration: bool) -> str:
+    """"drafted 120 tokens in 40 sequence-iterations, accepted 80 (67%); migrated 3 groups": the
+    tail's counts (a step record's or summary.json's, metrics.py `tail_counts`) of the features
+    that are on; "" when none is."""
+    parts = []
+    if speculation:
+        drafted, accepted = r.get("speculation_drafted_tokens"), r.get("speculation_accepted_tokens")
+        if drafted is None:
+            parts.append("speculation not counted (the engine reports no iterations)")
+        else:
+            rate = f" ({100 * accepted / drafted:.0f}%)" if drafted else ""
+            parts.append(f"drafted {drafted} tokens in {r.get('speculating_sequences')} sequence-iterations, "
+                         f"accepted {accepted}{rate}")
+    if migration:
+        parts.append(f"migrated {r.get('groups_migrated', 0)} groups")
+    return "; ".join(parts)
+
+
 class ProgressDisplay:
-    """`mode`: "rich" (live panel), "plain" (a line per step) or "auto" (rich on a TTY)."""
+    """`mode`: "rich" (live panel), "plain" (a line per step) or "auto" (rich on a TTY).
+    `speculation`, `migration`: the tail's features that are on (their counts are shown)."""
 
     def __init__(self, *, total_steps: int, policy: str, max_staleness: int | None, mode: str = "auto",
-                 stream: TextIO | None = None) -> None:
+                 stream: TextIO | None = None, speculation: bool = False, migration: bool = False) -> None:
         self.total_steps = total_steps
+        self.tail = {"speculation": speculation, "migration": migration}
         self.title = f"jaxrl-async · policy={policy} · η={'∞' if max_staleness is None else max_staleness}"
         self.stream = stream or sys.stdout
         if mode == "auto":
@@ -97,10 +121,12 @@ class ProgressDisplay:
         skipped = " SKIPPED(non-finite loss)" if r.get("skipped") else ""
         held_out = (f" eval(v{r['eval/version']}) pass@1 {r['eval/pass_at_1']:.3f}"
                     if r.get("eval/pass_at_1") is not None else "")
+        tail = tail_text(r, **self.tail)
         return (f"step {r['step'] + 1}/{self.total_steps} reward {r['reward_mean']:.3f} loss {r['loss']:.4f} "
                 f"stale(max) {r['max_staleness_in_batch']} hist [{_hist_text(r['staleness_hist'])}] "
                 f"gen {100 * r['generator_busy']:.0f}% train {100 * r['trainer_busy']:.0f}% "
-                f"{r['tokens_per_s']:.0f} tok/s ETA {_eta_text(r['eta_s'])}{held_out}{skipped}")
+                f"{r['tokens_per_s']:.0f} tok/s ETA {_eta_text(r['eta_s'])}{held_out}"
+                f"{f' tail: {tail}' if tail else ''}{skipped}")
 
     def _panel(self, r: dict[str, Any] | None):
         from rich.panel import Panel
@@ -124,6 +150,9 @@ class ProgressDisplay:
         table.add_row("staleness\n(tokens)", bars or "–")
         table.add_row("busy", f"generator {100 * r['generator_busy']:.0f}%  trainer {100 * r['trainer_busy']:.0f}%")
         table.add_row("throughput", f"{r['tokens_per_s']:.0f} tokens/s")
+        tail = tail_text(r, **self.tail)
+        if tail:
+            table.add_row("tail", tail)
         if self._evals:
             (v0, p0), (v, p) = self._evals[0], self._evals[-1]
             table.add_row("eval pass@1", f"{p:.3f} (weights v{v}; first: {p0:.3f} at v{v0})")

@@ -9,6 +9,8 @@ decides when the failures are too many to train on:
   (summary.json `reward_errors_by_type`, one line at the end of the run and in the final
   report) — a count alone hides whether a reward service is down, a function has a bug, or the
   timeout is too short.
+- `RewardBook` is what the controller calls: it gives a group its rewards, counts them and their
+  failures into the run's totals, and keeps the failure that stops the run.
 - `RewardFailureGate` keeps the outcome of the last batch's worth of rewards (batch_groups x
   group_size, in the order they were scored) and, once that many were scored, says when more
   than `task.max_reward_failure_rate` of them failed. The controller asks it before the policy
@@ -23,12 +25,18 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from jaxrl_async.runtime.metrics import RunStats
 from jaxrl_async.runtime.rollouts import GroupRollout
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.tasks.rewards import RewardResult
 from jaxrl_async.tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from jaxrl_async.runtime.groups import LiveGroup
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,11 @@ async def score_group(task: Task, tokenizer: Tokenizer, prompt: Prompt, group: G
         task.reward(prompt, tokenizer.decode(s.token_ids), s.token_ids) for s in group.samples))
     return GroupScore([r.value for r in results], [r for r in results if r.error is not None],
                       tuple(r.error is not None for r in results))
+
+
+async def score_groups(task: Task, tokenizer: Tokenizer, groups: Sequence[LiveGroup]) -> list[GroupScore]:
+    """The scores of several groups at once (a checkpoint's done groups whose rewards failed)."""
+    return list(await asyncio.gather(*(score_group(task, tokenizer, g.prompt, g.rollout) for g in groups)))
 
 
 class RewardErrorLog:
@@ -94,3 +107,34 @@ class RewardFailureGate:
             return None
         return (f"{bad} of the last {n} rewards failed ({bad / n:.0%} > task.max_reward_failure_rate="
                 f"{self.max_rate:g}); stopped before training on them; the log names the first errors")
+
+
+class RewardBook:
+    """The run's rewards: each group's, their counts and failures, and the failure that ends the run.
+
+    `window`: the last batch's worth of rewards (batch_groups x group_size); `resume_hint`: what
+    the stop's message tells the user to run once the reward function is fixed; `on_failure()`:
+    called when too many failed (the controller's `request_stop`).
+    """
+
+    def __init__(self, max_rate: float, window: int, resume_hint: str, *,
+                 on_failure: Callable[[], None] = lambda: None) -> None:
+        self.log = RewardErrorLog()
+        self.gate = RewardFailureGate(max_rate, window)
+        self.resume_hint = resume_hint
+        self.on_failure = on_failure
+        self.failure: RewardFailureError | None = None  # the run stops with it
+
+    def give(self, stats: RunStats, rollout: GroupRollout, result: GroupScore) -> bool:
+        """Give `rollout` its rewards and count their failures into `stats`; False, with `on_failure`
+        called, when too many failed (the run stops: a checkpoint, then `failure` is raised)."""
+        rollout.rewards, rollout.reward_errors = result.rewards, len(result.errors)
+        stats.rewards_scored += len(result.rewards)
+        stats.reward_errors += len(result.errors)
+        self.log.record(stats.reward_errors_by_type, rollout.uid, result.errors)
+        too_many = self.gate.add(result)
+        if too_many is not None:
+            self.failure = self.failure or RewardFailureError(
+                f"{too_many}; checkpointed: fix the reward function and {self.resume_hint}")
+            self.on_failure()
+        return too_many is None

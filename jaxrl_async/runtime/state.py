@@ -23,11 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from jaxrl_async.runtime.metrics import RunStats
+from jaxrl_async.runtime.metrics import METRICS_FILE, RunStats
 from jaxrl_async.runtime.rollouts import GroupRollout
 from jaxrl_async.tasks.base import Prompt
+from planner.ledger import LEDGER_FILE
+from planner.run_trace import TRACE_FILE
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,15 @@ class ControllerSnapshot:
     ledger_bytes: int  # ledger.jsonl's length at the save: a resume cuts it back to this
     metrics_bytes: int  # metrics.jsonl's, likewise
     trace_bytes: int | None = None  # trace.jsonl's, likewise (None: the run writes no trace)
+
+
+def file_lengths(run_dir: Path, *, traced: bool) -> dict[str, int | None]:
+    """The snapshot's byte lengths of the run's files now (`traced`: the run writes a trace)."""
+    def size(name: str) -> int:
+        return (run_dir / name).stat().st_size if (run_dir / name).exists() else 0
+
+    return {"ledger_bytes": size(LEDGER_FILE), "metrics_bytes": size(METRICS_FILE),
+            "trace_bytes": size(TRACE_FILE) if traced else None}
 
 
 def to_json(snap: ControllerSnapshot) -> dict[str, Any]:

@@ -36,3 +36,21 @@ def test_the_report_gives_the_steady_state_rate_beside_the_whole_run_one(tmp_pat
     line = final_report({**OUT, "steps_per_hour_steady": 900.0}, metrics).splitlines()[1]
     assert "(360 steps/h; steady state 900, without the compile)" in line
     assert "steady" not in final_report(OUT, metrics)  # a run too short for a steady state
+
+
+TAIL = {"speculation_drafted_tokens": 300, "speculation_accepted_tokens": 150, "speculation_acceptance": 0.5,
+        "speculating_sequences": 90, "groups_migrated": 0}
+
+
+def test_the_report_says_what_the_tail_features_that_were_on_did_even_nothing(tmp_path):
+    metrics = write_metrics(tmp_path / "metrics.jsonl", [{"step": 0, "reward_mean": 0.1}])
+    out = {**OUT, **TAIL, "speculation": {"when": "always"}, "policy_params": {"migrate": True}}
+    lines = final_report(out, metrics).splitlines()
+    assert ("tail: drafted 300 tokens in 90 sequence-iterations, accepted 150 (50%); migrated 0 groups"
+            in lines)
+    assert lines[-1] == "audit PASS"
+
+
+def test_a_run_without_the_tail_features_reports_no_tail_line(tmp_path):
+    metrics = write_metrics(tmp_path / "metrics.jsonl", [{"step": 0, "reward_mean": 0.1}])
+    assert "tail" not in final_report({**OUT, **TAIL, "policy_params": {"migrate": False}}, metrics)

@@ -18,7 +18,7 @@ import pytest
 
 from jaxrl_async.checkpoint import truncate
 from jaxrl_async.engines.base import GenerationRequest
-from jaxrl_async.runtime.controller import sampling_seed
+from jaxrl_async.runtime.requests import sampling_seed
 from jaxrl_async.runtime.groups import DONE
 from jaxrl_async.runtime.metrics import METRICS_FILE
 from jaxrl_async.runtime.outbox import Abort, Submit

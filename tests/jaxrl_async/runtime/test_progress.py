@@ -74,3 +74,35 @@ def test_the_held_out_pass_rate_shows_in_the_plain_line_and_stays_in_the_panel()
     console.print(panel)
     text = console.file.getvalue()
     assert "eval pass@1" in text and "0.750 (weights v6; first: 0.250 at v0)" in text
+
+
+TAIL = {"speculation_drafted_tokens": 120, "speculation_accepted_tokens": 80, "speculating_sequences": 40,
+        "groups_migrated": 3}
+
+
+def test_the_plain_line_shows_the_tail_counts_of_the_features_that_are_on_even_when_zero():
+    out = io.StringIO()
+    display = ProgressDisplay(total_steps=10, policy="lookahead", max_staleness=1, mode="plain", stream=out,
+                              speculation=True, migration=True)
+    display.write({**RECORD, **TAIL})
+    display.write({**RECORD, **TAIL, "speculation_drafted_tokens": 0, "speculation_accepted_tokens": 0,
+                   "groups_migrated": 0})
+    first, zero = out.getvalue().splitlines()[1:]
+    assert first.endswith(" tail: drafted 120 tokens in 40 sequence-iterations, accepted 80 (67%); migrated 3 groups")
+    assert zero.endswith(" tail: drafted 0 tokens in 40 sequence-iterations, accepted 0; migrated 0 groups")
+
+
+def test_with_the_tail_features_off_the_line_says_nothing_of_them():
+    out = io.StringIO()
+    ProgressDisplay(total_steps=10, policy="lookahead", max_staleness=1, mode="plain", stream=out).write(
+        {**RECORD, **TAIL})
+    assert "tail" not in out.getvalue() and "drafted" not in out.getvalue()
+
+
+def test_an_engine_that_times_no_iteration_shows_its_speculation_as_not_counted():
+    out = io.StringIO()
+    display = ProgressDisplay(total_steps=10, policy="lookahead", max_staleness=1, mode="rich", stream=out,
+                              speculation=True)
+    display.write({**RECORD, **TAIL, "speculation_drafted_tokens": None})
+    display.close()
+    assert "speculation not counted" in out.getvalue()
