@@ -7,7 +7,8 @@ the same event protocol as the real runtime.
 """
 
 from planner.sim.config import FaultConfig, FaultSpec, SimConfig, SimTrainerConfig, WorkerConfig
-from planner.sim.simulator import SimResult, Simulator
+from planner.sim.result import SimResult
+from planner.sim.simulator import Simulator
 from planner.sim.recorder import EventRecorder, first_divergence, replay
 from planner.sim.workloads import WORKLOADS, make_workload
 

@@ -1,7 +1,7 @@
 """The simulator: drives a staleness policy through the event protocol of `planner.base`.
 
     sim = Simulator(policy, ctx, workload, SimConfig(), seed=0, ledger=LedgerWriter(path))
-    result = sim.run()          # SimResult: summary (docs/design.md §8 keys), per-step rows, deadlock flag
+    result = sim.run()   # SimResult (planner/sim/result.py): summary (§8 keys), step rows, deadlock flag
 
 The loop is vidur's: pop the earliest `(time, kind, seq)` event, set the clock, run its handler,
 push the events the handler returns. Handlers never touch the heap; what they schedule is
@@ -10,26 +10,15 @@ can see, `_settle` asks the policy to admit from the candidate window and, while
 waits, to select batch `k`; decisions are applied at once through `planner.driver.apply_decision`
 (moves to the ledger, drops, the batch, admissions in order), the simulator being its host.
 
-Stalls (`sim.faults.stall_prob`): an attempt may hang on its worker — it starts, holds its slots
-and KV and never streams a token. The runtime's watchdog (`rollout.stall_timeout_s`,
-jaxrl_async/runtime/liveness.py) is modelled by a STALL event `stall_timeout_s` after the hung
-attempt started: the simulator aborts it and calls `on_group_lost(prefix_kept=False)`, as the
-runtime does. Simplification: only hung attempts stall here; a group queued behind them waits
-until their timeout frees the slots (the runtime would also regenerate it once the whole engine
-has been quiet for a timeout).
-
-Publish → load lag (`sim.workers.load_lag`): a worker starts loading a published version that long
-after the publish (a LOAD event), generating on the old weights meanwhile, as a real engine does
-while the trainer's weights are converted and sent. A policy that gates on the published version
-instead of the synced one (openrlhf) admits work that still starts on the old weights; one that
-gates on the synced version (lookahead) is unaffected. `sim.trainer.wait_sync` makes the trainer
-wait for every live worker to hold its last version before the next step, as the runtime does.
-
-Colocation (`sim.workers.colocated_slowdown`): from a batch's hand-over (the trainer's step
-begins) to its STEP_DONE, every worker's decode steps cost (1 + slowdown)× (Worker.set_slow), and
-each live worker's next completion is recomputed at both instants — on one machine the engine and
-the trainer share the cores, so decoding slows while a step runs and fewer tokens carry the old
-version. At 0 no factor changes and no event is added: runs are exactly those without the term.
+Stalls, the publish → load lag and colocation are modelled as docs/design.md §4 states them:
+a hung attempt (`sim.faults.stall_prob`) is aborted by a STALL event `stall_timeout_s` after it
+started and reported through `on_group_lost(prefix_kept=False)`, as the runtime's watchdog
+(jaxrl_async/runtime/liveness.py) does; a worker loads a published version `sim.workers.load_lag`
+later (a LOAD event), generating on the old weights meanwhile; `sim.trainer.wait_sync` holds the
+next step until every live worker holds the last version; `sim.workers.colocated_slowdown` slows
+every worker's decode steps from a batch's hand-over to its STEP_DONE (Worker.set_slow), each live
+worker's next completion recomputed at both instants. At 0 no factor changes and no event is
+added: runs are exactly those without the term.
 
 The tail (`Decision.critical`, `Decision.migrate`; docs/design.md §2.14) is `SimTail`'s
 (planner/sim/tail.py): it decides what a mark or a move does to the workers; the loop books a
@@ -42,9 +31,7 @@ trainer still waits is a policy bug: it stops and reports `deadlock: true`.
 
 from __future__ import annotations
 
-import dataclasses
 import time as wallclock
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,23 +44,16 @@ from planner.sim.faults import FaultPlan
 from planner.sim.group import SimGroup
 from planner.sim.metrics import RunMetrics
 from planner.sim.recorder import EventRecorder
+from planner.sim.result import SimResult, step_row, summarize
 from planner.sim.stream import AdmissionWindow
 from planner.sim.tail import SimTail
 from planner.sim.tail_log import TailLog
 from planner.sim.trainer import SimTrainer
 from planner.sim.workers import Worker
-from planner.sim.workloads import Workload, workload_params
-from planner.tail_analysis import steps_from_metrics, tail
+from planner.sim.workloads import Workload
 from planner.types import Admission, Decision, Drop, GroupState, Move, PlanContext
 
 MAX_SETTLE_ROUNDS = 10_000  # decisions that keep changing state without time advancing: a livelock
-
-
-@dataclass
-class SimResult:
-    summary: dict[str, Any]  # summary.json
-    steps: list[dict[str, Any]]  # metrics.jsonl rows
-    deadlock: bool
 
 
 class Simulator:
@@ -160,7 +140,7 @@ class Simulator:
         deadlock = not self.trainer.finished
         self._apply(self.p.finish(now=self.now), "finish")
         self.ledger.flush()
-        return SimResult(self._summary(deadlock, wallclock.perf_counter() - wall0), self.metrics.steps, deadlock)
+        return summarize(self, deadlock, wallclock.perf_counter() - wall0)
 
     def _settle(self) -> None:
         """Let the policy admit, and select while the trainer waits, until nothing changes."""
@@ -391,19 +371,10 @@ class Simulator:
             self._set_slow(1.0)
         self._changed = self._ask = True
         self._apply(self.p.on_step_done(step=step, now=self.now), "on_step_done")
-        live = [w for w in self.workers if w.alive]
-        info = self._step_info
-        duration = self.now - info["start_s"]
-        self.metrics.step_row(
-            step=step, batch=info["batch"], cycle_s=duration + info["wait_s"], wait_s=info["wait_s"],
-            start_s=info["start_s"], end_s=self.now, elapsed_s=self.now, trainer_busy_s=trainer.busy_total,
-            generator_busy_s=sum(w.busy_time(self.now) for w in self.workers) / len(self.workers),
-            gen_active=[w.active if w.alive else -1 for w in self.workers],
-            kv_usage=sum(w.kv_used for w in live) / max(1, sum(w.kv_cap for w in live)),
-            tokens=info["tokens"], inflight=sum(1 for g in self.groups.values() if g.state <= GroupState.RUNNING),
-        )
+        step_row(self, step, self._step_info)
         if trainer.finished:
             return
+        live = [w for w in self.workers if w.alive]
         self.published = version
         self._apply(self.p.on_version_published(version=version, now=self.now), "on_version_published")
         for w in live:
@@ -476,30 +447,3 @@ class Simulator:
         nxt = self.faults.next_random(index, self.now)
         if nxt is not None:
             self._out.append((nxt[0], EventKind.FAULT, index))
-
-    # ================================================================== summary
-    def _summary(self, deadlock: bool, wall_s: float) -> dict[str, Any]:
-        now = self.now
-        params = getattr(self.policy, "params", None)
-        return self.metrics.summary(
-            policy=self.policy.name,
-            max_staleness=self.ctx.max_staleness,
-            staleness_bound=self.policy.staleness_bound(),
-            steps=self.trainer.step,
-            groups_admitted=self.admitted,
-            elapsed_s=now,
-            trainer_busy_s=self.trainer.busy_total,
-            generator_busy_s=[w.busy_time(now) for w in self.workers],
-            deadlock=deadlock,
-            wall_s=wall_s,
-            events=self.queue.popped,
-            trainer_wait_s=self.trainer.wait_total,
-            readmissions=self.readmissions,
-            groups_lost=len(self.lost),
-            groups_stalled=self.stalls,
-            policy_params=dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
-            workload=workload_params(self.workload),
-            seed=self.seed,
-            tail=tail(self.tail_log.groups(), steps_from_metrics(self.metrics.steps)),
-            **self.tail.summary(),
-        )
