@@ -33,7 +33,8 @@ from planner.registry import given_params, make_policy, policy_class
 from planner.sim.config import SimConfig
 from planner.sim.metrics import write_outputs
 from planner.sim.recorder import EventRecorder
-from planner.sim.simulator import SimResult, Simulator
+from planner.sim.result import SimResult
+from planner.sim.simulator import Simulator
 from planner.sim.workloads import WORKLOADS, Workload, make_workload
 from planner.tools.entry import Command, fail, hydra_main
 from planner.tools.help import HelpSpec
