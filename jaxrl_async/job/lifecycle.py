@@ -12,7 +12,8 @@ follows, and what SIGTERM / SIGINT mean on the way.
 - **Signals**: the first SIGTERM / SIGINT stops the run at the next step boundary with a
   checkpoint; a second exits at once (the logs are durable up to the last step, the checkpoint is
   the last one finished). After the controller returns, the first lets the final save, the
-  export and the audit finish. A cluster that runs the engine workers is joined before the
+  export and the audit finish. Either way `signalled` keeps the first one: the command exits
+  with 128 + its number (cli/train.py), so that `train && eval` never goes on with a stopped run. A cluster that runs the engine workers is joined before the
   handlers are installed (`ray.init` installs its own SIGTERM handler, which must lose).
 - **End**: close the logs and the checkpointer, export, audit, write summary.json (job/report.py).
 """
@@ -62,6 +63,7 @@ class TrainJob:
         if self._lock is not None:
             self._lock.acquire()
         self._stopping = False
+        self.signalled: int | None = None  # the first SIGTERM / SIGINT the run received
         self._loop_over = False  # the controller has returned: a first signal only lets the end finish
         try:
             self.resumed = start_resuming(self.run_dir, setup.run.resume, leader=self.leader)
@@ -142,6 +144,7 @@ class TrainJob:
                         name, self.run_dir)
             os._exit(128 + sig)
         self._stopping = True
+        self.signalled = sig
         if self._loop_over:
             log.warning("%s: the run has stopped; finishing its checkpoint and report (%s again exits at once)",
                         name, name)
