@@ -111,15 +111,30 @@ def main(before_run: Callable[[], None] | None = None) -> None:
 
 
 def _register_config_nodes() -> None:
+    from omegaconf import OmegaConf
+
     from jaxrl_async.cli.config_nodes import register_config_nodes
 
     register_config_nodes()
+    # conf/train.yaml's hydra.run.dir: `resume=PATH`'s PATH, so that a resume makes no new folder
+    OmegaConf.register_new_resolver("resume_dir", _resume_dir, replace=True)
+
+
+def _resume_dir(resume: bool | str | None, default: str) -> str:
+    return resume if isinstance(resume, str) else default
 
 
 def _typed(cfg: DictConfig, _overrides: list[str]):
+    """Typed and checked (job/preflight.py) before Hydra makes its run directory: a rejected
+    command leaves nothing behind. The devices are checked here in a one-process job only (a
+    multi-host job joins first: TrainJob checks them then, before it locks the directory)."""
+    from jaxrl_async.cluster.distributed import resolve
+    from jaxrl_async.job.preflight import check_start
     from jaxrl_async.job.setup import typed_config
 
-    return typed_config(cfg)
+    setup = typed_config(cfg)
+    check_start(setup, devices=resolve(setup.cluster.distributed, os.environ) is None)
+    return setup
 
 
 def _check_run_dir(setup, hydra_dir: Path) -> None:

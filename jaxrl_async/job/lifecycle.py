@@ -2,8 +2,10 @@
 follows, and what SIGTERM / SIGINT mean on the way.
 
 - **Start**: refuse a `resume=PATH` that holds no run (before anything is written), join a
-  multi-host JAX job (before the first JAX use), take the run directory's lock (process 0),
-  decide whether the run resumes (job/resume.py), build the components (job/build.py).
+  multi-host JAX job (before the first JAX use), check the run against its data, model and
+  devices (job/preflight.py: a rejected run leaves no directory or lock), take the run
+  directory's lock (process 0), decide whether the run resumes (job/resume.py), build the
+  components (job/build.py).
 - **Finished on disk**: a run killed after its final checkpoint (at `steps`) resumes with the
   same `steps=` into its end alone — no controller, no step trained — so that its export, audit
   and summary.json are written (job/resume.py `finished`).
@@ -33,6 +35,7 @@ import jax
 from jaxrl_async.cluster.distributed import initialize_distributed
 from jaxrl_async.cluster.lockstep import follow
 from jaxrl_async.job.build import Components, build_components
+from jaxrl_async.job.preflight import check_start
 from jaxrl_async.job.report import export_hf, placement_summary, write_summary
 from jaxrl_async.job.resume import check_resume_target, finished, start_resuming
 from jaxrl_async.job.setup import TrainSetup
@@ -57,6 +60,7 @@ class TrainJob:
         check_resume_target(self.run_dir, setup.run.resume)
         # Before anything touches a device: after it, jax.devices() spans every process.
         initialize_distributed(setup.cluster.distributed)
+        check_start(setup, devices=True)
         self.leader = jax.process_index() == 0
         # Process 0 owns the directory from here to the run's end: a second run on it stops here.
         self._lock = RunDirLock(self.run_dir) if self.leader else None
