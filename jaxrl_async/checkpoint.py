@@ -27,7 +27,8 @@ anyway), so a kill can leave the newest checkpoint without one. `damage(step)` c
 with it before a restore — a truncated, rewritten or missing file is named in one line — and a
 checkpoint without a manifest (killed before it was written, or saved before manifests existed) is
 unverified: its restore decides. A restore that fails for any reason but a tree mismatch raises
-`CheckpointDamaged` naming the item; job/resume.py then falls back to the next older checkpoint.
+`CheckpointDamaged` naming the item and what is wrong (the first line of the innermost error: the
+array and the fault); job/resume.py then falls back to the next older checkpoint in one warning line.
 
 Restoring reads `meta` first (`read_meta`: the entry point checks the run's settings before any
 array is touched), then checks the checkpoint's array tree against the current trainer's — path, shape, dtype
@@ -169,10 +170,20 @@ def manifest_damage(folder: Path) -> str | None:
     return None
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
+_OCDBT_FILE = re.compile(r' in OCDBT database at local file "[^"]*"')
+
+
+def _root_cause(error: BaseException) -> str:
+    """What is wrong, in one line: the first line of the innermost error of the chain. orbax
+    wraps tensorstore's read error — which names the array and the fault (`OUT_OF_RANGE: Error
+    reading "params.embed/0.0": Requested byte range [0, 62567) is not valid for value of size
+    100`) — in one that names only a slice and dumps a TensorStore spec; the checkpoint's folder
+    is named by the caller, so the file path inside the message goes."""
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    text = _OCDBT_FILE.sub("", str(error)).strip().splitlines()
     line = text[0] if text else ""
-    return f"{type(error).__name__}: {line[:160]}" if line else type(error).__name__
+    return f"{type(error).__name__}: {line[:200]}" if line else type(error).__name__
 
 
 class Checkpointer:
@@ -298,7 +309,7 @@ class Checkpointer:
         except TreeMismatch:
             raise
         except Exception as e:  # noqa: BLE001 - whatever a damaged file makes orbax raise
-            raise CheckpointDamaged(step, f"{item}: {_first_line(e)}") from None
+            raise CheckpointDamaged(step, f"{item}: {_root_cause(e)}") from None
 
     def restore(self, trainer_template: dict[str, Any], step: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """(trainer state for `Trainer.load_state_dict`, meta) of `step` (default: the newest).

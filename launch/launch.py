@@ -18,7 +18,8 @@ overrides do not (Hydra's default names it after the second each process starts 
 
 Running the commands (not `--dry-run`), the launcher supervises them as one job: SIGTERM or
 Ctrl-C goes to process 0, which checkpoints and then tells the others to stop
-(jaxrl_async/cluster/lockstep.py); when any process exits with an error, the others get SIGTERM,
+(jaxrl_async/cluster/lockstep.py), and the job's status is process 0's (130 / 143: stopped, with
+its resume line; jaxrl_async/cli/train.py); when any process exits with an error, the others get SIGTERM,
 then SIGKILL after `--grace-s` seconds, and the launcher exits with that error's status — a dead
 process ends the job instead of leaving the rest waiting in a collective. The others' lines after
 that (their view of the dead peer: 20-65 lines of Gloo and coordination-service errors) are kept
@@ -150,6 +151,15 @@ def commands(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Command]]:
     return args, TARGETS[args.target](args, overrides)
 
 
+# Process 0's status when a signal stopped the job: it checkpointed and told the others to stop
+# (they end by themselves), so that status is no failure to end them for.
+STOPPED = (128 + signal.SIGINT, 128 + signal.SIGTERM)
+
+
+def _failed(index: int, status: int | None) -> bool:
+    return status not in (None, 0) and not (index == 0 and status in STOPPED)
+
+
 def supervise(procs: list[subprocess.Popen], grace_s: float, poll_s: float = 0.2) -> int:
     """Wait for one job's processes (see the module docstring); returns the job's exit status."""
     def to_leader(signum, _frame):
@@ -160,12 +170,12 @@ def supervise(procs: list[subprocess.Popen], grace_s: float, poll_s: float = 0.2
     try:
         failed = None
         while failed is None and any(p.poll() is None for p in procs):
-            failed = next((i for i, p in enumerate(procs) if p.poll() not in (None, 0)), None)
+            failed = next((i for i, p in enumerate(procs) if _failed(i, p.poll())), None)
             time.sleep(poll_s)
         if failed is None:
-            failed = next((i for i, p in enumerate(procs) if p.returncode), None)
+            failed = next((i for i, p in enumerate(procs) if _failed(i, p.returncode)), None)
         if failed is None:
-            return 0
+            return procs[0].returncode  # 0, or the status of process 0's stop
         rc = procs[failed].returncode
         alive = [p for p in procs if p.poll() is None]
         if not alive and len(procs) > 1:  # the others ended by themselves: say which one failed first

@@ -8,7 +8,8 @@ handler that prints `INTERRUPTED` and ends the process (`os._exit`: no library's
 `except BaseException` can swallow it or add to it). Nothing of the run needs saving then: before
 the training loop nothing is trained, after it the final checkpoint is the run's last act. The
 training loop installs its own handlers (stop at the next step boundary with a checkpoint,
-jaxrl_async/job/lifecycle.py) and puts this one back when it returns. Imports nothing heavy: it
+jaxrl_async/job/lifecycle.py; that stop exits 130 too, cli/train.py) and puts this one back when
+it returns. Imports nothing heavy: it
 runs before the command's own imports.
 """
 

@@ -25,16 +25,18 @@ into typed, validated objects once, before Hydra makes the run directory (planne
 In a job of several processes only process 0 writes these; the others follow it in lockstep.
 
 and prints the audit's verdict: max staleness vs η, drops, lost and twice-trained groups. Exit
-status: 0 when the run finished and the audit passed (or the run stopped on SIGTERM / SIGINT with
-a checkpoint), 1 otherwise. `resume=true` (with `hydra.run.dir=DIR`) or `resume=DIR` continues the
-run in DIR from its newest whole checkpoint (a damaged one — its manifest's sizes or checksums do
-not match, or it does not restore — is set aside with one warning line and the next older one is
-used): same ledger, same metrics, the step count continues; `steps=` equal to the steps already
-trained finishes a run killed after its final checkpoint (export, audit, summary). A run that
-never saved one starts afresh, its files set aside; `resume=DIR` where DIR holds no run is an
-error, `resume=true` on a directory without one starts a fresh run there (job/resume.py). Ctrl-C
-before the training loop is one line and exit status 130 (cli/interrupt.py). What survives a
-kill, what a resume checks: docs/fault_tolerance.md.
+status: 0 when the run finished and the audit passed; 128 + the signal (130 SIGINT, 143 SIGTERM)
+when a signal stopped it — checkpointed, with its `resume=` line — or reached it while it ended
+(it still finishes), so that `train && eval` never evaluates a stopped run; 1 otherwise.
+`resume=true` (with `hydra.run.dir=DIR`) or `resume=DIR` continues the run in DIR from its newest
+whole checkpoint (a damaged one — its manifest's sizes or checksums do not match, or it does not
+restore — is set aside with one warning line and the next older one is used): same ledger, same
+metrics, the step count continues; `steps=` equal to the steps already trained finishes a run
+killed after its final checkpoint (export, audit, summary). A run that never saved one starts
+afresh, its files set aside; `resume=DIR` where DIR holds no run is an error, `resume=true` on a
+directory without one starts a fresh run there (job/resume.py). Ctrl-C before the training loop is
+one line and exit status 130 (cli/interrupt.py). What survives a kill, what a resume checks:
+docs/fault_tolerance.md.
 """
 
 from __future__ import annotations
@@ -94,6 +96,8 @@ def _main(cfg: DictConfig) -> None:
         return
     print(final_report(out, job.run_dir / "metrics.jsonl"))
     print(f"wall time {time.monotonic() - started:.0f}s")
+    if job.signalled is not None:  # a shell's status for a process a signal ended: the chain stops
+        sys.exit(128 + job.signalled)
     if out.get("completed") and not out["audit_ok"]:
         sys.exit(1)
 
@@ -107,15 +111,30 @@ def main(before_run: Callable[[], None] | None = None) -> None:
 
 
 def _register_config_nodes() -> None:
+    from omegaconf import OmegaConf
+
     from jaxrl_async.cli.config_nodes import register_config_nodes
 
     register_config_nodes()
+    # conf/train.yaml's hydra.run.dir: `resume=PATH`'s PATH, so that a resume makes no new folder
+    OmegaConf.register_new_resolver("resume_dir", _resume_dir, replace=True)
+
+
+def _resume_dir(resume: bool | str | None, default: str) -> str:
+    return resume if isinstance(resume, str) else default
 
 
 def _typed(cfg: DictConfig, _overrides: list[str]):
+    """Typed and checked (job/preflight.py) before Hydra makes its run directory: a rejected
+    command leaves nothing behind. The devices are checked here in a one-process job only (a
+    multi-host job joins first: TrainJob checks them then, before it locks the directory)."""
+    from jaxrl_async.cluster.distributed import resolve
+    from jaxrl_async.job.preflight import check_start
     from jaxrl_async.job.setup import typed_config
 
-    return typed_config(cfg)
+    setup = typed_config(cfg)
+    check_start(setup, devices=resolve(setup.cluster.distributed, os.environ) is None)
+    return setup
 
 
 def _check_run_dir(setup, hydra_dir: Path) -> None:

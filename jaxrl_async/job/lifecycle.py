@@ -2,8 +2,10 @@
 follows, and what SIGTERM / SIGINT mean on the way.
 
 - **Start**: refuse a `resume=PATH` that holds no run (before anything is written), join a
-  multi-host JAX job (before the first JAX use), take the run directory's lock (process 0),
-  decide whether the run resumes (job/resume.py), build the components (job/build.py).
+  multi-host JAX job (before the first JAX use), check the run against its data, model and
+  devices (job/preflight.py: a rejected run leaves no directory or lock), take the run
+  directory's lock (process 0), decide whether the run resumes (job/resume.py), build the
+  components (job/build.py).
 - **Finished on disk**: a run killed after its final checkpoint (at `steps`) resumes with the
   same `steps=` into its end alone — no controller, no step trained — so that its export, audit
   and summary.json are written (job/resume.py `finished`).
@@ -12,7 +14,8 @@ follows, and what SIGTERM / SIGINT mean on the way.
 - **Signals**: the first SIGTERM / SIGINT stops the run at the next step boundary with a
   checkpoint; a second exits at once (the logs are durable up to the last step, the checkpoint is
   the last one finished). After the controller returns, the first lets the final save, the
-  export and the audit finish. A cluster that runs the engine workers is joined before the
+  export and the audit finish. Either way `signalled` keeps the first one: the command exits
+  with 128 + its number (cli/train.py), so that `train && eval` never goes on with a stopped run. A cluster that runs the engine workers is joined before the
   handlers are installed (`ray.init` installs its own SIGTERM handler, which must lose).
 - **End**: close the logs and the checkpointer, export, audit, write summary.json (job/report.py).
 """
@@ -32,6 +35,7 @@ import jax
 from jaxrl_async.cluster.distributed import initialize_distributed
 from jaxrl_async.cluster.lockstep import follow
 from jaxrl_async.job.build import Components, build_components
+from jaxrl_async.job.preflight import check_start
 from jaxrl_async.job.report import export_hf, placement_summary, write_summary
 from jaxrl_async.job.resume import check_resume_target, finished, start_resuming
 from jaxrl_async.job.setup import TrainSetup
@@ -56,12 +60,14 @@ class TrainJob:
         check_resume_target(self.run_dir, setup.run.resume)
         # Before anything touches a device: after it, jax.devices() spans every process.
         initialize_distributed(setup.cluster.distributed)
+        check_start(setup, devices=True)
         self.leader = jax.process_index() == 0
         # Process 0 owns the directory from here to the run's end: a second run on it stops here.
         self._lock = RunDirLock(self.run_dir) if self.leader else None
         if self._lock is not None:
             self._lock.acquire()
         self._stopping = False
+        self.signalled: int | None = None  # the first SIGTERM / SIGINT the run received
         self._loop_over = False  # the controller has returned: a first signal only lets the end finish
         try:
             self.resumed = start_resuming(self.run_dir, setup.run.resume, leader=self.leader)
@@ -142,6 +148,7 @@ class TrainJob:
                         name, self.run_dir)
             os._exit(128 + sig)
         self._stopping = True
+        self.signalled = sig
         if self._loop_over:
             log.warning("%s: the run has stopped; finishing its checkpoint and report (%s again exits at once)",
                         name, name)

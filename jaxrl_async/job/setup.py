@@ -22,6 +22,7 @@ from jaxrl_async.cluster.config import ClusterConfig, cluster_config
 from jaxrl_async.engines.registry import AnyEngineConfig, EngineEntry, EngineFacts, engine_config, entry_of
 from jaxrl_async.models.config import ModelSpec
 from jaxrl_async.runtime.config import RunConfig
+from jaxrl_async.tasks import task_config
 from jaxrl_async.trainer.config import TrainerConfig
 from planner.configs import build
 from planner.registry import given_params, make_policy
@@ -36,7 +37,7 @@ class TrainSetup:
 
     run: RunConfig  # the top-level keys
     model: ModelSpec  # model.source (a registered name, a HF directory or a .gguf file), model.dtype
-    task: dict[str, Any]  # the `task=` group as composed (checked by `tasks.build_task`)
+    task: dict[str, Any]  # the `task=` group as composed (typed by `tasks.task_config` here)
     policy_name: str  # a name in planner/registry.py
     policy_overrides: dict[str, Any]  # the native parameters given (planner.registry.given_params)
     engine: AnyEngineConfig  # the chosen backend's config (its class carries `engine.name`)
@@ -79,6 +80,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     run = build(RunConfig, plain, "")
     cluster = cluster_config(groups["cluster"])
     model = build(ModelSpec, groups["model"], "model")
+    task_config(groups["task"])  # typed here, with the other sections; its data is read by job/preflight.py
     policy = groups["policy"]
     name = policy.pop("name", None)
     if not isinstance(name, str):

@@ -171,11 +171,17 @@ def dequantize(tensor: gguf.ReaderTensor) -> np.ndarray:
     return np.asarray(values, dtype=np.float32).reshape(shape)
 
 
-def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray], dict[str, Any]]:
-    """(HF config dict, HF-named float32 tensors, metadata fields) of a GGUF file."""
+def read_gguf_header(path: str | Path) -> tuple[gguf.GGUFReader, dict[str, Any], dict]:
+    """(reader, metadata fields, HF config dict) of a GGUF file, without reading a tensor's data:
+    what a start-up check needs (job/preflight.py) and where `read_gguf` starts."""
     reader = _CheckedReader(path)
     fields = read_fields(reader)
-    config = hf_config(fields, {t.name for t in reader.tensors}, path)
+    return reader, fields, hf_config(fields, {t.name for t in reader.tensors}, path)
+
+
+def read_gguf(path: str | Path) -> tuple[dict, dict[str, np.ndarray], dict[str, Any]]:
+    """(HF config dict, HF-named float32 tensors, metadata fields) of a GGUF file."""
+    reader, fields, config = read_gguf_header(path)
     tensors = {}
     for tensor in reader.tensors:
         name = _hf_name(tensor.name)

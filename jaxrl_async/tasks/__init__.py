@@ -11,7 +11,7 @@ import importlib
 TASK_MODULES = ("arithmetic", "custom", "gsm8k", "synthetic")
 _HOMES = {
     "TASKS": "base", "Example": "base", "Prompt": "base", "Task": "base", "TaskConfig": "base",
-    "build_task": "base", "register_task": "base",
+    "build_task": "base", "register_task": "base", "task_config": "base",
     "RewardResult": "rewards", "RewardRunner": "rewards", "load_reward_fn": "rewards",
     "PromptStream": "stream",
 }

@@ -191,10 +191,16 @@ def register_task(cls: type[Task]) -> type[Task]:
     return cls
 
 
-def build_task(cfg: Mapping[str, Any]) -> Task:
-    """`{"name": <registered task>, **its config keys}` (a `conf/task/*.yaml`) -> the task."""
+def task_config(cfg: Mapping[str, Any]) -> TaskConfig:
+    """`{"name": <registered task>, **its config keys}` (a `conf/task/*.yaml`) -> the task's typed
+    config; every key checked, no file read."""
     values = dict(cfg)
     name = values.pop("name", None)
     check(name in TASKS, "task.name", name, f"not a registered task; registered: {sorted(TASKS)}")
-    cls = TASKS[name]
-    return cls(build(cls.config_class, values, "task", what=f"key for task {name!r}"))
+    return build(TASKS[name].config_class, values, "task", what=f"key for task {name!r}")
+
+
+def build_task(cfg: Mapping[str, Any]) -> Task:
+    """`{"name": <registered task>, **its config keys}` (a `conf/task/*.yaml`) -> the task."""
+    config = task_config(cfg)
+    return TASKS[cfg["name"]](config)

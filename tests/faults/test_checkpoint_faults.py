@@ -104,6 +104,27 @@ def test_a_damaged_newest_checkpoint_is_one_line_and_the_run_resumes_from_an_old
     assert {p.name for p in checkpoints.iterdir()} >= {"1", "2", "4", "2.damaged", "4.damaged"}
 
 
+def test_a_damaged_checkpoint_without_a_manifest_is_one_warning_line_naming_the_array_and_the_fault(base, tmp_path):
+    run_dir = copy(base, tmp_path)
+    newest = run_dir / "checkpoints" / "4"
+    (newest / MANIFEST_FILE).unlink()  # killed before its manifest was written: its restore decides
+    os.truncate(largest_data_file(newest), 100)  # tensorstore fails inside orbax's restore
+    (run_dir / "summary.json").unlink()
+    shutil.rmtree(run_dir / "hf")
+    clean = train(copy(base, tmp_path / "clean"), "resume=true")  # the same resume, undamaged
+    done = train(run_dir, "resume=true")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = (done.stdout + done.stderr).splitlines()
+    (line,) = damage_lines(done)
+    # The step, the item, the array and what is wrong with it; then the fallback.
+    assert "checkpoints/4 is damaged (trainer: ValueError: OUT_OF_RANGE: Error reading \"" in line, line
+    assert "is not valid for value of size 100)" in line and line.endswith("; resuming from checkpoints/2"), line
+    assert "Traceback" not in done.stdout + done.stderr and not done.stderr.strip(), done.stderr[-3000:]
+    # Nothing else: the undamaged resume's lines, that warning, and the progress of the 2 steps retrained.
+    assert len(out) <= len((clean.stdout + clean.stderr).splitlines()) + 1 + 2, "\n".join(out)
+    assert_finished_like(base, run_dir)
+
+
 def test_no_whole_checkpoint_is_one_error_line_naming_each_and_changes_nothing(base, tmp_path):
     run_dir = copy(base, tmp_path)
     for step in (1, 2, 4):

@@ -83,10 +83,10 @@ def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_exit_status_130(tmp_pa
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=240)
-        if proc.returncode == 0:  # a fast machine reached the loop: it stops there with a checkpoint
-            assert (tmp_path / str(delay) / "summary.json").exists(), err[-3000:]
-            continue
         assert proc.returncode == 130, err[-3000:]
+        # A fast machine reached the loop: it stopped there with a checkpoint (130 too).
+        if (tmp_path / str(delay) / "summary.json").exists():
+            continue
         assert err.splitlines() == [INTERRUPTED], err[-3000:]
         interrupted += 1
     assert interrupted >= 2  # non-trivial: most delays land in the start-up

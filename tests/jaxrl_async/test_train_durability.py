@@ -31,9 +31,10 @@ RUN = [f"steps={STEPS}", "batch_groups=2", "group_size=4", "max_new_tokens=96", 
        "engine.decode_steps_per_call=1", "engine.max_len=160", f"max_staleness={ETA}", "checkpoint_every=3"]
 
 
-def finish(proc: subprocess.Popen, timeout_s: float = 400) -> str:
+def finish(proc: subprocess.Popen, timeout_s: float = 400, status: int = 0) -> str:
+    """Wait for the run; it must end with `status` (0: finished; 128 + N: stopped by signal N)."""
     log = proc.communicate(timeout=timeout_s)[0]
-    assert proc.returncode == 0, log[-3000:]
+    assert proc.returncode == status, log[-3000:]
     return log
 
 
@@ -139,11 +140,13 @@ def test_sigint_checkpoints_and_stops_cleanly_and_the_run_resumes(tmp_path):
     proc = launch(run_dir, *RUN)
     wait_until(proc, lambda: len(lines(run_dir / "metrics.jsonl")) >= 3, "3 steps were trained")
     proc.send_signal(signal.SIGINT)
-    log = finish(proc)
+    # 130, as a shell reports Ctrl-C: `train && eval` must not evaluate a stopped run.
+    log = finish(proc, status=128 + signal.SIGINT)
     assert "Traceback" not in log and "KeyboardInterrupt" not in log
     assert "SIGINT: stopping at the next step boundary with a checkpoint" in log
     stopped = json.loads((run_dir / "summary.json").read_text())
     assert not stopped["completed"] and 3 <= stopped["steps"] < STEPS
+    assert f"stopped at step {stopped['steps']}: resume with resume={run_dir}" in log
     assert max(finished_checkpoints(run_dir)) == stopped["steps"]
 
     finish(launch(run_dir, *RUN, "resume=true"))

@@ -1,6 +1,6 @@
 """`jaxrl_async.train cluster=ray` under SIGTERM: the run's own handler, not Ray's, answers it — the
-running step finishes, a checkpoint is written, the process exits 0 and `resume=true` completes the
-run with a clean audit. (ray.init installs a SIGTERM handler that exits at once; the run joins Ray
+running step finishes, a checkpoint is written, the process exits 143 (a stopped run) and
+`resume=true` completes the run with a clean audit. (ray.init installs a SIGTERM handler that exits at once; the run joins Ray
 before installing its own, docs/fault_tolerance.md.)
 
 Runs against the cluster in RAY_ADDRESS (CI: the loopback head that .ci/run starts) or a private
@@ -34,8 +34,10 @@ def test_sigterm_under_ray_checkpoints_and_the_run_resumes(tmp_path):
     wait_until(proc, lambda: len(lines(run_dir / "metrics.jsonl")) >= 3, "3 steps were trained", timeout_s=600)
     proc.send_signal(signal.SIGTERM)
     log = proc.communicate(timeout=300)[0]
-    assert proc.returncode == 0, log[-3000:]  # Ray's handler would exit with status 15, unsaved
+    # 143 after the run's own stop (a checkpoint, the resume line); Ray's handler would exit at once, unsaved.
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
     assert "SIGTERM: stopping at the next step boundary with a checkpoint" in log
+    assert f"resume with resume={run_dir}" in log
     stopped = json.loads((run_dir / "summary.json").read_text())
     assert not stopped["completed"] and max(finished_checkpoints(run_dir)) == stopped["steps"] >= 3
 

@@ -58,6 +58,16 @@ def test_a_process_that_ignores_sigterm_is_killed_after_the_grace_period():
     assert stubborn.poll() == -9 and time.monotonic() - started < 20
 
 
+def test_a_job_process_0_stopped_on_a_signal_waits_for_the_others_and_exits_with_its_status():
+    from launch.launch import supervise
+
+    # Process 0 checkpointed and exited 143; the follower it told to stop ends by itself, later.
+    stopped = _sleeper("import sys; sys.exit(143)")
+    follower = _sleeper("import time; time.sleep(1.0)")
+    assert supervise([stopped, follower], grace_s=30) == 143
+    assert follower.returncode == 0  # not terminated as after a failure
+
+
 def test_a_job_whose_processes_all_succeed_exits_zero():
     from launch.launch import supervise
 

@@ -75,7 +75,7 @@ def test_speculation_keys_reach_the_engine_and_greedy_speculation_generates_the_
     (["model=nope"], "model=nope: unknown option (options: smollm2_135m, tiny)"),
     (["max_new_token=2"], "max_new_token: unknown key (did you mean max_new_tokens?)"),
     (["max_new_tokens=2000"], "max_new_tokens=2000 = 20"),
-    (["model.source=/nowhere.gguf"], "model source '/nowhere.gguf' is neither"),
+    (["model.source=/nowhere.gguf"], "model.source='/nowhere.gguf': neither"),
     (["output=xml"], "output='xml': must be one of"),
     (["temperature=-1"], "SamplingParams.temperature=-1"),
 ])

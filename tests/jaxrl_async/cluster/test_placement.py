@@ -84,3 +84,17 @@ def test_mesh_keys_are_typed_and_checked():
         build(TrainerConfig, {"mesh": {"tensor": 0}}, "trainer")
     with pytest.raises(ValueError, match=r"trainer.mesh.model: unknown key"):
         build(TrainerConfig, {"mesh": {"model": 2}}, "trainer")
+
+
+def test_too_few_cpu_devices_names_the_recipe_that_places_them():
+    replicas = len(jax.devices()) - 1  # the recipe's count: the trainer's device and one per replica
+    with pytest.raises(ValueError) as refused:
+        plan_placement(MeshConfig(), replicas=replicas)
+    assert str(refused.value).endswith(
+        f"on CPU set XLA_FLAGS=--xla_force_host_platform_device_count={replicas + 1} and engine.colocate=false")
+    # The recipe (this process has that many host devices): every replica on a device of its own.
+    p = plan_placement(MeshConfig(), replicas=replicas, colocate=False)
+    assert [list(m.devices.flat) for m in p.engine_meshes] == [[d] for d in jax.devices()[1:]]
+    with pytest.raises(ValueError, match=r"this job has \d+ \(1 process\(es\)\); on CPU set "
+                                         r"XLA_FLAGS=--xla_force_host_platform_device_count=64$"):
+        plan_placement(MeshConfig(fsdp=64))

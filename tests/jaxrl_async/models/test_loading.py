@@ -10,7 +10,7 @@ from safetensors.numpy import save_file
 
 from jaxrl_async.models import ModelConfig
 from jaxrl_async.models.hf_weights import save_hf, to_hf_state_dict
-from jaxrl_async.models.loading import build_model, load_model
+from jaxrl_async.models.loading import build_model, load_model, model_config
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +110,16 @@ def test_unsupported_architecture_and_unknown_sources_are_value_errors(saved, tm
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="unsupported architecture: model_type='mistral'"):
         load_model(str(tmp_path))
-    with pytest.raises(ValueError, match="model source 'no_such_model'"):
+    with pytest.raises(ValueError, match="model.source='no_such_model': neither a registered name"):
         load_model("no_such_model")
+    with pytest.raises(ValueError, match="model.source='no_such_model': neither a registered name"):
+        model_config("no_such_model")
+
+
+def test_model_config_is_the_config_load_model_builds_read_without_the_weights(saved):
+    _, _, out = saved
+    assert model_config(str(out)) == load_model(str(out)).cfg
+    assert model_config("tiny") == load_model("tiny").cfg
 
 
 def test_hf_state_dict_is_the_same_from_a_model_its_state_or_a_pure_dict():
