@@ -205,6 +205,15 @@ def m2po_cutoff(log_ratio: jax.Array, mask: jax.Array, threshold: float) -> jax.
     return jnp.where(keep >= n_valid, jnp.inf, jnp.where(keep == 0, -1.0, last_kept))
 
 
+def m2po_trusted(log_ratio: jax.Array, mask: jax.Array, threshold: float) -> jax.Array:
+    """M2PO's trust region as a per-token mask (same shape as `log_ratio`): the tokens whose
+    squared log-ratio is within `m2po_cutoff`. The train step computes it once, from one forward,
+    and hands the mask (not the cut-off) to each micro-batch: the last kept token's log-ratio,
+    recomputed by the gradient's own forward (another XLA program: chunked, rematerialized), can
+    differ from the value the cut-off was taken from by an ulp and fall outside it."""
+    return jnp.square(log_ratio) <= m2po_cutoff(log_ratio, mask, threshold)
+
+
 # ---------------------------------------------------------------- the loss
 
 
@@ -233,7 +242,7 @@ def policy_loss(
     cfg: LossConfig,
     ref_logprobs: jax.Array | None = None,  # [N, T] f32, needed when cfg.kl_coef > 0
     entropy: jax.Array | None = None,  # [N, T] f32 per-token entropy, only reported
-    m2_cutoff: jax.Array | None = None,  # [N] the whole batch's `m2po_cutoff` (m2po on a micro-batch)
+    m2_trusted: jax.Array | None = None,  # [N, T] bool: the whole batch's `m2po_trusted` (m2po on a micro-batch)
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Scalar loss and metrics for (a micro-batch of) a batch; see the module docstring.
 
@@ -249,9 +258,8 @@ def policy_loss(
     extra = {}
     if cfg.off_policy == "m2po":
         log_ratio = jax.lax.stop_gradient(logprobs_m) - behaviour
-        # Called on the whole batch, the cut-off is computed here; on a micro-batch it is given.
-        cutoff = m2po_cutoff(log_ratio, mask, cfg.m2_threshold) if m2_cutoff is None else m2_cutoff[:, None]
-        trusted = jnp.square(log_ratio) <= cutoff
+        # Called on the whole batch, the trust region is computed here; on a micro-batch it is given.
+        trusted = m2po_trusted(log_ratio, mask, cfg.m2_threshold) if m2_trusted is None else m2_trusted
         extra["m2po_masked_frac"] = jnp.sum(metric_weights * ~trusted)
         is_weight = jnp.where(trusted, is_weight, 0.0)
     is_weight = jax.lax.stop_gradient(jnp.where(mask, is_weight, 0.0))

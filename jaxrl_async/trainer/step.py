@@ -31,7 +31,7 @@ from flax import nnx
 from jaxrl_async.models.transformer import project_logits
 from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
-from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, m2po_cutoff, policy_loss
+from jaxrl_async.trainer.losses import MAX_METRICS, batch_terms, m2po_trusted, policy_loss
 from jaxrl_async.trainer.optim import make_optimizer
 from jaxrl_async.trees import cast_floats
 
@@ -122,8 +122,8 @@ def _split_rows(tree: Any, k: int) -> Any:
     return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), tree)
 
 
-def _m2po_cutoff_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: TrainerConfig) -> jax.Array:
-    """M2PO's whole-batch cut-off (`losses.m2po_cutoff`), as a [k, N/k] term of every row.
+def _m2po_trusted_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: TrainerConfig) -> jax.Array:
+    """M2PO's whole-batch trust region (`losses.m2po_trusted`), a [k, N/k, T] mask.
 
     The trust region is a statistic of the whole batch's log(pi_prox / mu), so with several
     micro-batches one no-grad forward of each comes first (the cut-off does not depend on row
@@ -133,8 +133,7 @@ def _m2po_cutoff_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: 
                        micro["tokens"])  # [k, N/k, T]
     mask = micro["metric_weights"] > 0
     log_ratio = jnp.where(mask, jax.lax.stop_gradient(prox) - micro["behaviour_logprobs"], 0.0)
-    cutoff = m2po_cutoff(log_ratio, mask, cfg.loss.m2_threshold)
-    return jnp.full(micro["metric_weights"].shape[:2], cutoff)
+    return m2po_trusted(log_ratio, mask, cfg.loss.m2_threshold)
 
 
 def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBatch,
@@ -148,7 +147,7 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
     }
     micro = _split_rows(rows, cfg.num_microbatches)
     if cfg.loss.off_policy == "m2po" and cfg.num_microbatches > 1:
-        micro["m2_cutoff"] = _m2po_cutoff_rows(graphdef, params, micro, cfg)
+        micro["m2_trusted"] = _m2po_trusted_rows(graphdef, params, micro, cfg)
 
     def micro_loss(p: Params, mb: dict) -> tuple[jax.Array, dict]:
         logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype, cfg.remat,

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_async.trainer.losses import LossConfig, batch_terms, m2po_cutoff, policy_loss
+from jaxrl_async.trainer.losses import LossConfig, batch_terms, m2po_cutoff, m2po_trusted, policy_loss
 
 N, T = 6, 7
 
@@ -25,7 +25,7 @@ def make_inputs(seed=0):
     return logp, behaviour, ref, mask, rewards, group_ids
 
 
-def m2po_trusted(logp, behaviour, mask, threshold):
+def areal_m2po_trusted(logp, behaviour, mask, threshold):
     """M2PO's mask as AReaL describes it: while the mean squared log-ratio of the kept tokens
     exceeds the threshold, mask the kept token with the largest one."""
     sq = {(i, t): (logp[i, t] - behaviour[i, t]) ** 2 for i in range(N) for t in range(T) if mask[i, t]}
@@ -38,7 +38,7 @@ def m2po_trusted(logp, behaviour, mask, threshold):
 def numpy_reference(logp, behaviour, ref, mask, rewards, group_ids, cfg):
     """(loss, d loss / d logp) written token by token, float64."""
     logp, behaviour, ref = (x.astype(np.float64) for x in (logp, behaviour, ref))
-    trusted = m2po_trusted(logp, behaviour, mask, cfg.m2_threshold) if cfg.off_policy == "m2po" else {}
+    trusted = areal_m2po_trusted(logp, behaviour, mask, cfg.m2_threshold) if cfg.off_policy == "m2po" else {}
     adv = np.zeros(N)
     for i in range(N):
         members = rewards[group_ids == group_ids[i]].astype(np.float64)
@@ -171,8 +171,8 @@ def test_weights_split_by_rows_sum_to_the_full_batch_loss():
         full, _, _ = jax_loss_and_grad(logp, behaviour, ref, mask, rewards, group_ids, cfg)
         terms = batch_terms(jnp.asarray(mask), jnp.asarray(rewards), jnp.asarray(group_ids), cfg)
         if cfg.off_policy == "m2po":  # a whole-batch statistic: the train step computes it first
-            cutoff = m2po_cutoff(jnp.asarray(logp - behaviour), jnp.asarray(mask > 0), cfg.m2_threshold)
-            terms["m2_cutoff"] = jnp.full((N,), cutoff)
+            terms["m2_trusted"] = m2po_trusted(jnp.asarray(logp - behaviour), jnp.asarray(mask > 0),
+                                               cfg.m2_threshold)
         parts = 0.0
         for rows in (slice(0, 2), slice(2, 4), slice(4, 6)):
             part, _ = policy_loss(jnp.asarray(logp[rows]), behaviour_logprobs=jnp.asarray(behaviour[rows]),
