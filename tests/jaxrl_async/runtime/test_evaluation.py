@@ -32,6 +32,7 @@ def test_every_kth_step_the_held_out_split_is_scored_on_the_engine_and_the_ledge
 
 
 def test_a_task_without_a_held_out_split_fails_at_start_up_in_one_line(tmp_path):
+    (tmp_path / "x.jsonl").write_text('{"prompt": "a", "answer": "1"}\n')  # the train split exists
     with pytest.raises(ValueError, match=r"task.test_path=None: split=test needs a held-out JSONL"):
         make_job(tmp_path, ["task=custom", f"task.path={tmp_path / 'x.jsonl'}", "eval.every=5"])
 

@@ -142,7 +142,11 @@ def test_a_real_speculating_runs_trace_holds_every_key_a_reader_may_take_and_cal
             continue
         assert lines, f"no {kind} line"
         present = set().union(*lines)
-        assert set(keys.optional) <= present, f"{kind} lines never carry {sorted(set(keys.optional) - present)}"
+        # Whether an iteration of this short run overlaps a train step (decode's `train`) is a race
+        # of the two threads: test_engine_iterations_inside_a_steps_window_are_marked_train... pins
+        # that the writer writes it.
+        racy = {"train"} if kind == "decode" else set()
+        assert set(keys.optional) - racy <= present, f"{kind} lines never carry {sorted(set(keys.optional) - present)}"
     (run,) = [e for e in events if e["event"] == "run"]
     assert dict(run["speculation"]) == {"when": "always", "method": "draft", "tokens": 3, "draft_model": "layers:1",
                                         "ngram": 2, "max_active": 5}
