@@ -100,20 +100,27 @@ logging.getLogger("absl").addFilter(_ORBAX_FILTER)
 logging.getLogger("asyncio").addFilter(_ORBAX_FILTER)  # "Task exception was never retrieved" of orbax's writes
 
 
-def _drop_abandoned_disk_writes(report_unraisable: Callable[[Any], None]) -> Callable[[Any], None]:
+_ORBAX_READ_ERROR = "Encountered error while reading array index"  # orbax's wrapper of a failed array read
+
+
+def _drop_abandoned_orbax_io(report_unraisable: Callable[[Any], None]) -> Callable[[Any], None]:
     """When the disk fills, orbax's other writes of that save are abandoned: coroutines holding
     tensorstore's error and callbacks into an event loop that has closed, which Python reports one
-    by one as it collects them (dozens of "Exception ignored" tracebacks). The
-    `CheckpointWriteError` line already says it; every other report still goes to `report_unraisable`."""
+    by one as it collects them (dozens of "Exception ignored" tracebacks, each with a TensorStore
+    spec dump). A restore of a damaged checkpoint abandons its other array reads the same way. The
+    `CheckpointWriteError` or `CheckpointDamaged` line already says it; every other report still
+    goes to `report_unraisable`."""
     def hook(unraisable: Any) -> None:
         error = unraisable.exc_value
-        if tensorstore_errno(error) is None and not (isinstance(error, RuntimeError)
-                                                     and str(error) == "Event loop is closed"):
+        abandoned_write = tensorstore_errno(error) is not None or (
+            isinstance(error, RuntimeError) and str(error) == "Event loop is closed")
+        abandoned_read = str(error).startswith(_ORBAX_READ_ERROR)
+        if not (abandoned_write or abandoned_read):
             report_unraisable(unraisable)
     return hook
 
 
-sys.unraisablehook = _drop_abandoned_disk_writes(sys.unraisablehook)
+sys.unraisablehook = _drop_abandoned_orbax_io(sys.unraisablehook)
 
 
 class CheckpointDamaged(ValueError):

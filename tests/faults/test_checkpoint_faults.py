@@ -119,7 +119,7 @@ def test_a_damaged_checkpoint_without_a_manifest_is_one_warning_line_naming_the_
     # The step, the item, the array and what is wrong with it; then the fallback.
     assert "checkpoints/4 is damaged (trainer: ValueError: OUT_OF_RANGE: Error reading \"" in line, line
     assert "is not valid for value of size 100)" in line and line.endswith("; resuming from checkpoints/2"), line
-    assert "Traceback" not in done.stdout + done.stderr and not done.stderr.strip(), done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr and not done.stderr.strip(), done.stderr[:2500]
     # Nothing else: the undamaged resume's lines, that warning, and the progress of the 2 steps retrained.
     assert len(out) <= len((clean.stdout + clean.stderr).splitlines()) + 1 + 2, "\n".join(out)
     assert_finished_like(base, run_dir)

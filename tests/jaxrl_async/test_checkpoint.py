@@ -336,3 +336,21 @@ def test_a_run_stopped_by_sigterm_resumes_with_the_same_ledger_and_a_clean_audit
     with pytest.raises(ValueError, match=f"steps={steps - 1} but the checkpointed run has trained {steps} steps; "
                                          f"pass steps={steps} to finish it or a larger steps= to train on"):
         make_job(tmp_path, [*common[1:], f"steps={steps - 1}", "resume=true"])
+
+
+def test_orbax_reads_abandoned_by_a_failed_restore_are_not_reported_and_other_unraisables_are():
+    """A damaged checkpoint's restore abandons orbax's other array reads; Python reports each as it
+    collects it ("Exception ignored in: <coroutine ...>" with a TensorStore spec dump). The
+    `CheckpointDamaged` line says it already, so the hook drops those and nothing else."""
+    from types import SimpleNamespace
+
+    from jaxrl_async.checkpoint import _drop_abandoned_orbax_io
+
+    reported = []
+    hook = _drop_abandoned_orbax_io(reported.append)
+    read = SimpleNamespace(exc_value=Exception("Encountered error while reading array index: (slice(0, 2, 1),). "
+                                               "See full TensorStore details: ..."))
+    other = SimpleNamespace(exc_value=ValueError("a user's coroutine failed"))
+    hook(read)
+    hook(other)
+    assert reported == [other]
