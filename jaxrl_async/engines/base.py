@@ -83,6 +83,7 @@ class GenerationRequest:
     prompt_ids: list[int]
     sampling: SamplingParams
     priority: float = 0.0
+    episode_of: Any = None
 
     def __post_init__(self) -> None:
         if not self.prompt_ids:
@@ -155,6 +156,10 @@ class SampleOutput:
       finish_reason: "stop" (a stop token was sampled), "length" (max_new_tokens reached) or
         "abort"; None until done.
       done: True on the last piece of this sample.
+      sampled: False for an episode's environment tokens (envs/engine.py): the model did not
+        sample them and they are never trained; `logprobs` are 0.0 and `versions` is [] then.
+      episode: on the done piece of an episode, its `EpisodeRecord` (envs/episode.py): the
+        result or fault, per-turn timing and tokens.
     """
 
     request_id: str
@@ -164,6 +169,8 @@ class SampleOutput:
     versions: list[list[int]]
     finish_reason: FinishReason | None = None
     done: bool = False
+    sampled: bool = True
+    episode: Any = None
 
 
 def join_outputs(pieces: Iterable[SampleOutput]) -> SampleOutput:

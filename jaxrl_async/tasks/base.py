@@ -109,6 +109,8 @@ class Task(abc.ABC):
     # Dotted path of a module-level `(answer, completion_text) -> float` that replaces `score` and
     # runs in the reward worker processes: for a verifier that may hang (tasks/rewards.py).
     isolated_score: ClassVar[str | None] = None
+    # True for a task whose samples are episodes (jaxrl_async/envs/task.py EpisodeTask).
+    multi_turn: ClassVar[bool] = False
 
     def __init__(self, cfg: TaskConfig):
         if not isinstance(cfg, self.config_class):
