@@ -43,6 +43,14 @@ from planner.types import Admission, Drop, Move, Versions
 LEDGER_FILE = "ledger.jsonl"
 
 
+def _group(uid: int, versions: Versions, turns: Sequence[tuple[int, Versions]] | None = None) -> dict[str, Any]:
+    """A train line's group entry; `turns` (multi-turn episodes): (sample, versions) of each model turn."""
+    entry: dict[str, Any] = {"uid": uid, "versions": [[v, t] for v, t in versions]}
+    if turns:
+        entry["turns"] = [[sample, [[v, t] for v, t in vs]] for sample, vs in turns]
+    return entry
+
+
 class LedgerWriter(JsonlWriter):
     """Appends ledger events. Opened in append mode so a resumed run continues the same ledger."""
 
@@ -61,7 +69,7 @@ class LedgerWriter(JsonlWriter):
             {
                 "event": "train",
                 "step": step,
-                "groups": [{"uid": uid, "versions": [[v, t] for v, t in versions]} for uid, versions in groups],
+                "groups": [_group(*g) for g in groups],
             }
         )
 

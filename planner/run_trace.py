@@ -102,6 +102,7 @@ LINES = {
     "decode": LineKeys(("worker", "active", "calls", "steps", "tokens", "prefill_tokens", "s"),
                        ("compile", "train", "drafted", "accepted")),
     "migrate": LineKeys(("uid", "from", "to", "s"), ("prefill_tokens",)),
+    "episode": LineKeys(("uid", "sample", "turns", "fault")),
 }
 EVENTS = tuple(LINES)
 # A section a line nests: the run line's `speculation` is the engine's `engine.speculation.*`.

@@ -28,6 +28,9 @@ from jaxrl_async.cluster.lockstep import CommandChannel, LeaderCheckpointer, Lea
 from jaxrl_async.cluster.placement import Placement, plan_placement
 from jaxrl_async.engines.base import GenerationEngine
 from jaxrl_async.engines.registry import build_engine
+from jaxrl_async.envs.engine import play_episodes
+from jaxrl_async.runtime.samples import SampleLog
+from jaxrl_async.envs.task import EpisodeContext
 from jaxrl_async.engines.replicated import ReplicatedEngine
 from jaxrl_async.job.report import trace_meta
 from jaxrl_async.job.resume import restore, run_meta
@@ -118,6 +121,8 @@ def build_controller(setup: TrainSetup, parts: Components, engine: GenerationEng
                                      mode=run.progress, speculation=tail.speculation is not None,
                                      migration=tail.migrate))
     stop_ids = loaded.stop_token_ids
+    if task.multi_turn:  # each sample an episode, its turns played over the engine (envs/engine.py)
+        engine = play_episodes(engine, task, EpisodeContext(tokenizer, tuple(stop_ids)), setup.engine)
     encode = task.encoder(tokenizer, loaded.chat_template)  # the held-out prompts, as training's
     controller = Controller(
         run, policy=driven, engine=engine, trainer=parts.trainer, task=task, tokenizer=tokenizer,
@@ -125,7 +130,8 @@ def build_controller(setup: TrainSetup, parts: Components, engine: GenerationEng
         stop_token_ids=stop_ids, engine_dtype=loaded.cfg.dtype,
         run_config_meta=run_meta(setup, task), eval_prompts=list(map(encode, parts.eval_examples)),
         trace=TraceWriter(run_dir / TRACE_FILE, append=resuming),
-        trace_meta=trace_meta(setup, parts.placement))
+        trace_meta=trace_meta(setup, parts.placement),
+        samples=SampleLog(run_dir, run.samples_per_step, tokenizer, append=resuming))
     if parts.meta is not None:
         controller.load_checkpoint_meta(parts.meta)
     return controller, recorder

@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from jaxrl_async.runtime.samples import SAMPLES_FILE
 from jaxrl_async.checkpoint import CHECKPOINT_DIR, CheckpointDamaged, Checkpointer, TreeMismatch, truncate
 from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.run_dir import LOCK_FILE, RUN_FILES, set_aside
@@ -128,6 +129,8 @@ def restore(checkpointer: Checkpointer, trainer: Trainer, setup: TrainSetup, tas
         truncate(run_dir / METRICS_FILE, meta["metrics_bytes"])
         if meta.get("trace_bytes") is not None:  # older checkpoints: no trace
             truncate(run_dir / TRACE_FILE, meta["trace_bytes"])
+        if meta.get("samples_bytes") is not None and (run_dir / SAMPLES_FILE).exists():
+            truncate(run_dir / SAMPLES_FILE, meta["samples_bytes"])
     return meta
 
 

@@ -108,6 +108,9 @@ class RunConfig:
       progress: auto (rich on a TTY, plain lines otherwise) | rich | plain | off
       tensorboard: TensorBoard event files in run_dir/tb/
       record_events: write every policy call to policy_events.jsonl (parity replay)
+      samples_per_step: samples.jsonl keeps this many trained samples of every step (the first
+        sample of each of the batch's first groups): messages, tokens, loss mask, versions,
+        per-turn timing, reward and its terms; 0 = none
       rollout: liveness: stall detection
       eval: held-out evaluation during training
     """
@@ -128,6 +131,7 @@ class RunConfig:
     progress: str = "auto"
     tensorboard: bool = True
     record_events: bool = False
+    samples_per_step: int = 2
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     eval: EvalSchedule = field(default_factory=EvalSchedule)
 
@@ -137,7 +141,7 @@ class RunConfig:
         for name in ("batch_groups", "group_size", "steps", "max_new_tokens", "keep_checkpoints"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 1, name, value, "must be an int >= 1")
-        for name in ("seed", "checkpoint_every"):
+        for name in ("seed", "checkpoint_every", "samples_per_step"):
             value = getattr(self, name)
             check(isinstance(value, int) and value >= 0, name, value, "must be an int >= 0")
         window = self.admission_window

@@ -38,6 +38,7 @@ from jaxrl_async.runtime.outbox import EngineOutbox
 from jaxrl_async.runtime.recording import RunRecorder
 from jaxrl_async.runtime.requests import group_request
 from jaxrl_async.runtime.rollouts import GroupRollout, RolloutCollector
+from jaxrl_async.runtime.samples import SampleLog
 from jaxrl_async.runtime.scoring import RewardBook, RewardErrorLog, score_group, score_groups
 from jaxrl_async.runtime.state import ControllerSnapshot, file_lengths, from_json, to_json
 from jaxrl_async.runtime.supervisor import TaskSupervisor
@@ -59,7 +60,8 @@ class Controller:
                  sinks: list[MetricsSink] = (), checkpointer: Checkpointer | None = None,
                  stop_token_ids: tuple[int, ...] = (), engine_dtype: str = "float32",
                  run_config_meta: dict[str, Any] | None = None, eval_prompts: list[Prompt] | None = None,
-                 trace: TraceWriter | None = None, trace_meta: dict[str, Any] | None = None) -> None:
+                 trace: TraceWriter | None = None, trace_meta: dict[str, Any] | None = None,
+                 samples: SampleLog | None = None) -> None:
         self.cfg = cfg
         self.policy = policy
         self.engine = engine
@@ -90,12 +92,13 @@ class Controller:
         self._steps = StepRunner(trainer, engine_dtype, self._clock, lambda: self._clock.engine_busy_s(self.engine),
                                  self.now)  # the trainer's side of a step: train, publish
         self._evals = EvalScheduler(list(eval_prompts or []), cfg.eval.every, max_new_tokens=cfg.max_new_tokens,
-                                    stop_token_ids=self.stop_token_ids)
+                                    stop_token_ids=self.stop_token_ids, episodes=task.multi_turn)
         self._rewards = RewardBook(task.cfg.max_reward_failure_rate, cfg.batch_groups * cfg.group_size,
                                    f"resume={self.run_dir}", on_failure=self.request_stop)
         self.trace = trace
         self._tracer = RunTracer(trace, self.now)
         self._recorder = RunRecorder(ledger, self._tracer, self.sinks, cfg.steps, dict(trace_meta or {}))
+        self._samples = samples  # samples.jsonl (runtime/samples.py), None: not kept
 
     # ================================================================== time
     @property
@@ -153,6 +156,8 @@ class Controller:
             await self.engine.stop()
             self._steps.close()
             self.ledger.flush()
+            if self._samples is not None:
+                self._samples.close()
             self._engine_work()
             self._tracer.flush()
 
@@ -175,6 +180,8 @@ class Controller:
     async def _regenerate_lost(self, request_ids: list[str]) -> None:
         async with self.lock:
             current = {g.rollout.request_id: uid for uid, g in self.table.generating().items()}
+            # An episode's turn is a request of its own, "<group request>/<sample>/<turn>" (envs/engine.py).
+            request_ids = list(dict.fromkeys(r.split("/", 1)[0] for r in request_ids))
             # Ids of attempts already superseded, dropped or done are stale: nothing to redo.
             for uid in [current[r] for r in request_ids if r in current and self._collector.is_open(r)]:
                 self._regenerate(uid)
@@ -254,8 +261,8 @@ class Controller:
         self.table.groups[a.uid] = LiveGroup(prompt, rollout)  # RUNNING (no longer LOST)
         self._recorder.admitted(a, prompt, rollout)
         # Held until the engine holds `a.version`, the start barrier (Admission docs).
-        self._outbox.submit(group_request(self.cfg, self.task.cfg, prompt, rollout, self.stop_token_ids, a.priority),
-                            barrier=a.version)
+        self._outbox.submit(group_request(self.cfg, self.task.cfg, prompt, rollout, self.stop_token_ids, a.priority,
+                                          episodes=self.task.multi_turn), barrier=a.version)
 
     def drop_group(self, d: Drop) -> None:
         live = self.table.groups.pop(d.uid)
@@ -309,7 +316,7 @@ class Controller:
                     self._apply(self.policy.on_group_started(uid=group.uid, version=event.started_version, now=now),
                                 "on_group_started")
                 if event.group_done:
-                    self._recorder.finished(group)
+                    self._recorder.finished(self.stats, group)
                     live = self.table.groups[group.uid]
                     live.scoring = True  # still RUNNING for the policy until on_group_finished
                     self._tasks.spawn(self._score, live)
@@ -337,8 +344,11 @@ class Controller:
     # ================================================================== training
     def train_batch(self, uids: list[int]) -> None:
         step = self.step
-        groups = [self.table.groups.pop(uid).rollout for uid in uids]
+        lives = [self.table.groups.pop(uid) for uid in uids]
+        groups = [live.rollout for live in lives]
         self._recorder.handed_over(step, groups)
+        if self._samples is not None:
+            self._samples.write(step, [(live.prompt, live.rollout) for live in lives])
         self._training = True
         self._tasks.spawn(self._train, step, groups)
 
@@ -357,6 +367,8 @@ class Controller:
                 self._apply(self.policy.on_version_published(version=version, now=self.now()), "on_version_published")
             await self._outbox.flush()
             self._recorder.flush_durable()  # the ledger before the metrics record (runtime/recording.py)
+            if self._samples is not None:
+                self._samples.flush()
             self._recorder.count(self.stats, self.engine.timings())  # the record's totals: every iteration so far
             self._recorder.record(step, await self._stats_now(), groups, trained, engine=EngineLoad.of(
                 await self.engine.stats()), inflight_groups=self.groups_in_flight(), done_groups=self.table.done(),
@@ -442,6 +454,8 @@ class Controller:
         if self.checkpointer is None:
             return
         self._recorder.flush_durable()
+        if self._samples is not None:
+            self._samples.flush()
         meta = to_json(self.snapshot(await self._stats_now()))
         self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
 

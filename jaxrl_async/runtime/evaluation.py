@@ -30,6 +30,7 @@ from typing import Any
 
 from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SampleOutput, SamplingParams
 from jaxrl_async.tasks.base import Prompt, Task
+from jaxrl_async.runtime.scoring import episode_reward
 from jaxrl_async.tokenizer import Tokenizer
 
 EVAL_PREFIX = "eval."
@@ -53,9 +54,10 @@ class EvalScheduler:
     """
 
     def __init__(self, prompts: list[Prompt], every: int, *, max_new_tokens: int,
-                 stop_token_ids: tuple[int, ...]) -> None:
+                 stop_token_ids: tuple[int, ...], episodes: bool = False) -> None:
         self.prompts, self.every = list(prompts), every
         self.max_new_tokens, self.stop_token_ids = max_new_tokens, stop_token_ids
+        self.episodes = episodes  # a multi-turn task: each prompt is played as a (greedy) episode
         self.running: EngineEval | None = None
         self.last: dict[str, Any] | None = None
         self._pending: dict[str, Any] = {}
@@ -71,7 +73,7 @@ class EvalScheduler:
                         version, self.running.version)
             return []
         self.running = EngineEval(self.prompts, version, max_new_tokens=self.max_new_tokens,
-                                  stop_token_ids=self.stop_token_ids)
+                                  stop_token_ids=self.stop_token_ids, episodes=self.episodes)
         return self.running.requests()
 
     async def submit(self, engine: GenerationEngine, version: int) -> None:
@@ -103,8 +105,9 @@ class EngineEval:
     """One evaluation of the weights `version`: its requests, and its pieces as they stream in."""
 
     def __init__(self, prompts: list[Prompt], version: int, *, max_new_tokens: int,
-                 stop_token_ids: tuple[int, ...]) -> None:
-        self.prompts, self.version = prompts, version
+                 stop_token_ids: tuple[int, ...], episodes: bool = False) -> None:
+        self.prompts, self.version, self.episodes = prompts, version, episodes
+        self._records: dict[int, Any] = {}  # an episode's record, by prompt index
         self._sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids)
         self._tokens: dict[int, list[int]] = defaultdict(list)
         self._done: set[int] = set()
@@ -114,8 +117,8 @@ class EngineEval:
         return f"{EVAL_PREFIX}{self.version}.{index}"
 
     def requests(self) -> list[GenerationRequest]:
-        return [GenerationRequest(self.request_id(i), list(p.prompt_ids), self._sampling, EVAL_PRIORITY)
-                for i, p in enumerate(self.prompts)]
+        return [GenerationRequest(self.request_id(i), list(p.prompt_ids), self._sampling, EVAL_PRIORITY,
+                                  episode_of=p if self.episodes else None) for i, p in enumerate(self.prompts)]
 
     def add(self, piece: SampleOutput) -> bool:
         """Take one piece of this evaluation (others are ignored); True once every prompt is done."""
@@ -128,12 +131,18 @@ class EngineEval:
             self.min_version = min(self.min_version, min(v for v, _ in piece.versions))
         if piece.done:
             self._done.add(i)
+            if piece.episode is not None:
+                self._records[i] = piece.episode
         return len(self._done) == len(self.prompts)
 
     async def score(self, task: Task, tokenizer: Tokenizer, pass_threshold: float) -> dict[str, Any]:
         """The figures of the finished evaluation, as `eval/<key>` metrics."""
         tokens = [[self._tokens[i]] for i in range(len(self.prompts))]  # one (greedy) sample each
-        result = summarize(await score_all(task, tokenizer, self.prompts, tokens), None, pass_threshold)
+        if self.episodes:  # an episode's reward is its own (runtime/scoring.py)
+            rewards = [[episode_reward(self._records.get(i))] for i in range(len(self.prompts))]
+        else:
+            rewards = await score_all(task, tokenizer, self.prompts, tokens)
+        result = summarize(rewards, None, pass_threshold)
         figures = result.to_json()
         return {f"eval/{k}": figures[k] for k in IN_TRAINING_KEYS} | {
             "eval/version": self.version, "eval/min_token_version": self.min_version}

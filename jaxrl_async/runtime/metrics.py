@@ -70,6 +70,14 @@ class RunStats:
     push_max_s: float = 0.0
     last_push_s: float = 0.0
     staleness: Counter = field(default_factory=Counter)  # staleness -> trained tokens
+    # Multi-turn tasks (envs/): episodes played to their end or fault, their model turns, the
+    # environment's tokens and seconds, and the faults that ended episodes, by kind.
+    episodes: int = 0
+    episode_turns: int = 0
+    env_tokens: int = 0
+    env_s: float = 0.0
+    episode_faults: int = 0
+    episode_faults_by_kind: Counter = field(default_factory=Counter)
 
     def add_push(self, seconds: float) -> None:
         self.pushes += 1
@@ -94,6 +102,7 @@ class RunStats:
         d = dataclasses.asdict(self)
         d["staleness"] = {str(s): t for s, t in sorted(self.staleness.items())}
         d["reward_errors_by_type"] = dict(sorted(self.reward_errors_by_type.items()))
+        d["episode_faults_by_kind"] = dict(sorted(self.episode_faults_by_kind.items()))
         return d
 
     @classmethod
@@ -101,7 +110,22 @@ class RunStats:
         d = dict(d)
         d["staleness"] = Counter({int(s): int(t) for s, t in d["staleness"].items()})
         d["reward_errors_by_type"] = Counter(d.get("reward_errors_by_type", {}))
+        d["episode_faults_by_kind"] = Counter(d.get("episode_faults_by_kind", {}))
         return cls(**d)
+
+    def add_episodes(self, samples: Iterable[Any]) -> None:
+        """Count the episodes of a finished group's samples (runtime/rollouts.py RolloutSample)."""
+        for s in samples:
+            record = s.episode
+            if record is None:
+                continue
+            self.episodes += 1
+            self.episode_turns += len(record.turns)
+            self.env_tokens += len(s.loss_mask) - sum(s.loss_mask)
+            self.env_s += sum(t[2] for t in record.turns)
+            if record.fault_kind is not None:
+                self.episode_faults += 1
+                self.episode_faults_by_kind[record.fault_kind] += 1
 
 
 @dataclass(frozen=True)
@@ -129,6 +153,16 @@ def tail_counts(stats: RunStats) -> dict[str, Any]:
         "speculation_accepted_tokens": accepted if counted else None,
         "speculation_acceptance": accepted / drafted if counted and drafted else None,
         "speculating_sequences": stats.speculating_sequences if counted else None,
+    }
+
+
+def episode_counts(stats: RunStats) -> dict[str, Any]:
+    """What the multi-turn machinery did (summary.json): episodes, their turns, the environment's
+    tokens and seconds, and the faults that ended episodes by kind (all 0 for a single-turn task)."""
+    return {
+        "episodes": stats.episodes, "episode_turns": stats.episode_turns, "env_tokens": stats.env_tokens,
+        "env_s": round(stats.env_s, 3), "episode_faults": stats.episode_faults,
+        "episode_faults_by_kind": dict(sorted(stats.episode_faults_by_kind.items())),
     }
 
 
@@ -212,6 +246,7 @@ def summary(stats: RunStats, *, policy: str, max_staleness: int | None, stalenes
             "reward_errors_by_type": dict(sorted(stats.reward_errors_by_type.items())),
             "groups_stalled": stats.groups_stalled,
             **tail_counts(stats),
+            **episode_counts(stats),
             "rewards_scored": stats.rewards_scored,
             "weight_push_s_mean": stats.push_s / max(1, stats.pushes),
             "weight_push_s_max": stats.push_max_s,

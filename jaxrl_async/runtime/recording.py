@@ -73,9 +73,15 @@ class RunRecorder:
         self.ledger.start(group.uid, version)
         self.tracer.event("start", uid=group.uid, attempt=group.attempt, version=version, worker=worker)
 
-    def finished(self, group: GroupRollout) -> None:
+    def finished(self, stats: RunStats, group: GroupRollout) -> None:
+        """Group `group` generated its last token: traced, and its episodes (multi-turn) counted and traced."""
         self.tracer.event("finish", uid=group.uid, attempt=group.attempt,
                           lengths=[len(s.token_ids) for s in group.samples])
+        stats.add_episodes(group.samples)
+        for i, s in enumerate(group.samples):
+            if s.episode is not None:
+                self.tracer.event("episode", uid=group.uid, sample=i, turns=s.episode.turns,
+                                  fault=s.episode.fault_kind)
 
     def dropped(self, stats: RunStats, d: Drop, tokens: int) -> None:
         """Group `d.uid` is dropped with `tokens` generated: wasted."""
@@ -89,7 +95,7 @@ class RunRecorder:
 
     def handed_over(self, step: int, groups: list[GroupRollout]) -> None:
         """Step `step`'s batch goes to the trainer: its ledger line, and the trace's hand-over time."""
-        self.ledger.train(step, [(g.uid, g.token_versions()) for g in groups])
+        self.ledger.train(step, [(g.uid, g.token_versions(), g.turns() or None) for g in groups])
         self.tracer.handed_over()
 
     @staticmethod

@@ -25,11 +25,14 @@ def sampling_seed(seed: int, uid: int, attempt: int) -> int:
 
 
 def group_request(cfg: RunConfig, task: TaskConfig, prompt: Prompt, rollout: GroupRollout,
-                  stop_token_ids: tuple[int, ...], priority: float) -> GenerationRequest:
-    """The request of `rollout` (the attempt just opened for `prompt`) under the run's sampling keys."""
+                  stop_token_ids: tuple[int, ...], priority: float, *, episodes: bool = False) -> GenerationRequest:
+    """The request of `rollout` (the attempt just opened for `prompt`) under the run's sampling keys;
+    `episodes`: each sample is an episode of a multi-turn task, played by the EpisodeEngine
+    (envs/engine.py), which reads the prompt from the request."""
     max_new, stops = sampling_limits(task.lengths, task.length_scale, task.length_alpha, prompt.prompt_id,
                                      cfg.max_new_tokens, stop_token_ids)
     sampling = SamplingParams(
         max_new_tokens=max_new, temperature=cfg.temperature, top_p=cfg.top_p, stop_token_ids=stops,
         n=len(rollout.samples), seed=sampling_seed(cfg.seed, rollout.uid, rollout.attempt))
-    return GenerationRequest(rollout.request_id, list(prompt.prompt_ids), sampling, priority)
+    return GenerationRequest(rollout.request_id, list(prompt.prompt_ids), sampling, priority,
+                             episode_of=prompt if episodes else None)

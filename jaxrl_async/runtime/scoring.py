@@ -29,10 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from jaxrl_async.envs.episode import EpisodeRecord
 from jaxrl_async.runtime.metrics import RunStats
-from jaxrl_async.runtime.rollouts import GroupRollout
+from jaxrl_async.runtime.rollouts import GroupRollout, RolloutSample
 from jaxrl_async.tasks.base import Prompt, Task
-from jaxrl_async.tasks.rewards import RewardResult
+from jaxrl_async.tasks.rewards import FALLBACK, RewardResult, checked
 from jaxrl_async.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
@@ -48,10 +49,27 @@ class GroupScore:
     failed: tuple[bool, ...] = ()  # per sample, in sample order: its reward failed
 
 
+def episode_reward(record: EpisodeRecord | None) -> RewardResult:
+    """An episode's reward is its own result's; a faulted episode has none: a failed reward of its
+    fault's kind (counted by the failure gate; in training the sample is left out of the loss,
+    batching.py). The held-out evaluation scores its episodes by it too (evaluation.py)."""
+    if record is None or record.fault is not None or record.result is None:
+        fault = record.fault if record is not None else None
+        kind = record.fault_kind if record is not None else None
+        return RewardResult(FALLBACK, f"episode {fault or 'ended without a result'}", kind or "env_error")
+    return checked("of the episode", record.result.reward)
+
+
+async def sample_reward(task: Task, tokenizer: Tokenizer, prompt: Prompt, sample: RolloutSample) -> RewardResult:
+    """One sample's reward: its episode's (multi-turn), else the task's reward of its text."""
+    if sample.episode is not None:
+        return episode_reward(sample.episode)
+    return await task.reward(prompt, tokenizer.decode(sample.token_ids), sample.token_ids)
+
+
 async def score_group(task: Task, tokenizer: Tokenizer, prompt: Prompt, group: GroupRollout) -> GroupScore:
     """Rewards of the group's samples, in sample order (the stop token is not part of the text)."""
-    results = await asyncio.gather(*(
-        task.reward(prompt, tokenizer.decode(s.token_ids), s.token_ids) for s in group.samples))
+    results = await asyncio.gather(*(sample_reward(task, tokenizer, prompt, s) for s in group.samples))
     return GroupScore([r.value for r in results], [r for r in results if r.error is not None],
                       tuple(r.error is not None for r in results))
 

@@ -28,6 +28,7 @@ from typing import Any
 
 from jaxrl_async.runtime.metrics import METRICS_FILE, RunStats
 from jaxrl_async.runtime.rollouts import GroupRollout
+from jaxrl_async.runtime.samples import SAMPLES_FILE
 from jaxrl_async.tasks.base import Prompt
 from planner.ledger import LEDGER_FILE
 from planner.run_trace import TRACE_FILE
@@ -58,6 +59,7 @@ class ControllerSnapshot:
     ledger_bytes: int  # ledger.jsonl's length at the save: a resume cuts it back to this
     metrics_bytes: int  # metrics.jsonl's, likewise
     trace_bytes: int | None = None  # trace.jsonl's, likewise (None: the run writes no trace)
+    samples_bytes: int | None = None  # samples.jsonl's, likewise (None: a checkpoint from before the file)
 
 
 def file_lengths(run_dir: Path, *, traced: bool) -> dict[str, int | None]:
@@ -66,7 +68,8 @@ def file_lengths(run_dir: Path, *, traced: bool) -> dict[str, int | None]:
         return (run_dir / name).stat().st_size if (run_dir / name).exists() else 0
 
     return {"ledger_bytes": size(LEDGER_FILE), "metrics_bytes": size(METRICS_FILE),
-            "trace_bytes": size(TRACE_FILE) if traced else None}
+            "trace_bytes": size(TRACE_FILE) if traced else None,
+            "samples_bytes": size(SAMPLES_FILE)}
 
 
 def to_json(snap: ControllerSnapshot) -> dict[str, Any]:
@@ -85,6 +88,7 @@ def to_json(snap: ControllerSnapshot) -> dict[str, Any]:
         "ledger_bytes": snap.ledger_bytes,
         "metrics_bytes": snap.metrics_bytes,
         "trace_bytes": snap.trace_bytes,
+        "samples_bytes": snap.samples_bytes,
     }
 
 
@@ -97,4 +101,5 @@ def from_json(meta: dict[str, Any]) -> ControllerSnapshot:
         groups=tuple(SavedGroup(Prompt(**g["prompt"]), g["phase"], GroupRollout.from_json(g["rollout"]))
                      for g in meta["groups"]),
         stats=RunStats.from_json(meta["stats"]),
-        ledger_bytes=meta["ledger_bytes"], metrics_bytes=meta["metrics_bytes"], trace_bytes=meta.get("trace_bytes"))
+        ledger_bytes=meta["ledger_bytes"], metrics_bytes=meta["metrics_bytes"], trace_bytes=meta.get("trace_bytes"),
+        samples_bytes=meta.get("samples_bytes"))

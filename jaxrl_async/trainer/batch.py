@@ -44,7 +44,8 @@ class TrainSample(NamedTuple):
     completion_ids: Sequence[int]
     completion_logprobs: Sequence[float]  # behaviour log-prob of each completion token
     reward: float
-    group_id: int
+    group_id: int  # -1: a row left out (an episode that faulted): its mask must be all 0
+    completion_mask: Sequence[int] | None = None  # per completion token, 1 = trained; None = all (single-turn)
 
 
 def bucket_length(length: int, buckets: Sequence[int] | None = None, min_len: int = 32) -> int:
@@ -80,8 +81,13 @@ def pad_batch(
             raise ValueError(
                 f"pad_batch: sample {i} has {len(s.completion_ids)} completion_ids but "
                 f"{len(s.completion_logprobs)} completion_logprobs")
-        if int(s.group_id) < 0:
-            raise ValueError(f"pad_batch: sample {i} group_id={s.group_id} must be >= 0 (-1 marks padding rows)")
+        if s.completion_mask is not None and len(s.completion_mask) != len(s.completion_ids):
+            raise ValueError(f"pad_batch: sample {i} has {len(s.completion_ids)} completion_ids but "
+                             f"{len(s.completion_mask)} completion_mask entries")
+        left_out = s.completion_mask is not None and not any(s.completion_mask)
+        if int(s.group_id) < 0 and not (int(s.group_id) == -1 and left_out):
+            raise ValueError(f"pad_batch: sample {i} group_id={s.group_id} must be >= 0 (-1 marks padding rows "
+                             "and rows left out, whose completion_mask is all 0)")
     longest = max(len(s.prompt_ids) + len(s.completion_ids) for s in samples)
     seq_len = bucket_length(longest, buckets)
     rows = -(-len(samples) // rows_multiple) * rows_multiple
@@ -95,7 +101,7 @@ def pad_batch(
         p, c = len(s.prompt_ids), len(s.completion_ids)
         tokens[i, :p] = s.prompt_ids
         tokens[i, p:p + c] = s.completion_ids
-        mask[i, p:p + c] = 1.0
+        mask[i, p:p + c] = 1.0 if s.completion_mask is None else s.completion_mask
         behaviour[i, p:p + c] = s.completion_logprobs
         rewards[i] = s.reward
         group_ids[i] = s.group_id
