@@ -25,6 +25,7 @@ HELP_NODES = {
     "task/arithmetic": "jaxrl_async.tasks.arithmetic:ArithmeticConfig",
     "task/custom": "jaxrl_async.tasks.custom:CustomConfig",
     "task/gsm8k": "jaxrl_async.tasks.gsm8k:GSM8KConfig",
+    "task/reasoning_gym": "jaxrl_async.tasks.reasoning_gym:ReasoningGymConfig",
     "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
     "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
 }
