@@ -126,7 +126,7 @@ def test_every_config_class_the_help_can_reach_imports_no_backend():
             "from planner.tools.help import config_class\n"
             "for source in [*HELP_NODES.values(), MODEL_SPEC]:\n    config_class(source)\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'optax', 'grain', 'ray', 'vllm', "
-            "'torch', 'sympy'}))")
+            "'torch', 'sympy', 'reasoning_gym'}))")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "[]", p.stdout + p.stderr

@@ -156,10 +156,11 @@ def test_a_short_run_trains_on_it_passes_the_audit_and_eval_scores_its_held_out_
 
     run_dir = tmp_path / "run"
     proc = train(run_dir, "task.dataset=count_bits", "task.size=64", "task.num_test_prompts=8", "steps=3",
-                 "batch_groups=2", "group_size=4", "max_new_tokens=8", "engine.max_len=256")
+                 "batch_groups=2", "group_size=4", "max_new_tokens=8", "engine.max_len=512")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["reward_errors"] == 0 if "reward_errors" in summary else True
+    # Every completion was scored by the dataset's own score_answer in a worker, none failed.
+    assert summary["rewards_scored"] >= 3 * 2 * 4 and summary["reward_errors"] == 0
     admitted = [json.loads(line)["prompt"] for line in (run_dir / "ledger.jsonl").read_text().splitlines()
                 if json.loads(line)["event"] == "admit"]
     assert admitted and all(p.startswith("reasoning_gym-count_bits-") and int(p.rsplit("-", 1)[1]) < 64
