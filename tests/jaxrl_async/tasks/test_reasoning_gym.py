@@ -85,7 +85,9 @@ def test_the_splits_are_deterministic_disjoint_by_question_and_keep_the_entry():
     # The entries are reasoning-gym's own records: items 0..39 train, the next ones held out.
     items = reasoning_gym.create_dataset("chain_sum", seed=0, size=50)
     assert [e.meta["entry"] for e in train] == [items[i] for i in range(40)]
-    assert test[0].meta["entry"] == items[int(test[0].prompt_id.rsplit("-", 1)[1])]
+    held_out = [i for i in range(40, 50) if items[i]["question"] not in questions]
+    assert [e.prompt_id for e in test] == [f"reasoning_gym-chain_sum-{i}" for i in held_out]
+    assert [e.meta["entry"] for e in test] == [items[i] for i in held_out]
     assert train[0].content.startswith(items[0]["question"]) and "<answer>" in train[0].content
     assert train[0].answer["entry"] is train[0].meta["entry"]
 
