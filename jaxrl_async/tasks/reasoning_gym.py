@@ -32,7 +32,7 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
@@ -57,7 +57,8 @@ class ReasoningGymConfig(TaskConfig):
       dataset: the dataset's name in reasoning-gym's registry (e.g. chain_sum, basic_arithmetic,
         leg_counting, spell_backward).
       dataset_args: the dataset's own config keys, e.g. 'task.dataset_args={min_terms: 2,
-        max_terms: 3}'; its seed and size are task.seed and task.size.
+        max_terms: 3}'; null: the dataset's defaults. Its seed and size are task.seed and
+        task.size.
       size: training prompts: the dataset's items 0..size-1.
       num_test_prompts: held-out prompts (split=test): the next items, less any whose question is
         also a training question.
@@ -67,7 +68,7 @@ class ReasoningGymConfig(TaskConfig):
     """
 
     dataset: str = "chain_sum"
-    dataset_args: dict = field(default_factory=dict)
+    dataset_args: dict | None = None
     size: int = 1000
     num_test_prompts: int = 100
     seed: int = 0
@@ -79,12 +80,18 @@ class ReasoningGymConfig(TaskConfig):
         check(self.size >= 1, "task.size", self.size, "must be an int >= 1")
         check(self.num_test_prompts >= 1, "task.num_test_prompts", self.num_test_prompts, "must be an int >= 1")
         for key in OWN_KEYS:
-            check(key not in self.dataset_args, f"task.dataset_args.{key}", self.dataset_args.get(key),
+            check(key not in self.args, f"task.dataset_args.{key}", self.args.get(key),
                   f"set task.{key} instead (the task sets the dataset's {key})")
+
+    @property
+    def args(self) -> dict[str, Any]:
+        """`dataset_args`, null read as none. (A null default, not an empty mapping, is what lets
+        Hydra take `task.dataset_args={...}` on the command line: it refuses new keys in a mapping.)"""
+        return dict(self.dataset_args or {})
 
     def dataset_config(self) -> dict[str, Any]:
         """The keyword arguments of `create_dataset`: both splits' items under one seed."""
-        return {**self.dataset_args, "seed": self.seed, "size": self.size + self.num_test_prompts}
+        return {**self.args, "seed": self.seed, "size": self.size + self.num_test_prompts}
 
 
 @register_task
@@ -121,7 +128,7 @@ def generate_splits(cfg: ReasoningGymConfig) -> tuple[list[Example], list[Exampl
     try:
         entries = [dataset[i] for i in range(config["size"])]
     except (TypeError, ValueError, AssertionError, KeyError, IndexError) as e:
-        raise ValueError(f"task.dataset_args={cfg.dataset_args!r}: dataset {cfg.dataset!r} failed to generate "
+        raise ValueError(f"task.dataset_args={cfg.args!r}: dataset {cfg.dataset!r} failed to generate "
                          f"an item with them ({type(e).__name__}: {first_line(e)})") from None
     seen = {entry["question"] for entry in entries[:cfg.size]}
     held_out = [i for i in range(cfg.size, len(entries)) if entries[i]["question"] not in seen]

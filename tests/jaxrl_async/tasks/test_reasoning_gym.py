@@ -63,6 +63,15 @@ def test_keys_the_task_owns_or_cannot_read_are_one_line_errors_naming_them(keys,
     assert "\n" not in str(info.value)
 
 
+def test_the_command_line_sets_the_datasets_arguments_as_one_mapping():
+    from jaxrl_async.job.setup import typed_config
+    from tests.helpers.train_runs import compose_train
+
+    setup = typed_config(compose_train(["task=reasoning_gym", "task.dataset_args={min_terms: 2, max_terms: 3}"]))
+    assert build_task(setup.task).cfg.dataset_config() == {"min_terms": 2, "max_terms": 3, "seed": 0, "size": 1100}
+    assert build_task(typed_config(compose_train(["task=reasoning_gym"])).task).cfg.args == {}
+
+
 def test_without_the_package_the_error_is_the_install_line(monkeypatch):
     monkeypatch.setitem(sys.modules, "reasoning_gym", None)  # import reasoning_gym raises ModuleNotFoundError
     with pytest.raises(ValueError, match="^" + re.escape(INSTALL) + "$"):
