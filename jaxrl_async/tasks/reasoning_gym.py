@@ -7,7 +7,9 @@ training question (left out, with a warning that counts them). Why the tail of o
 and not a second seed: reasoning-gym generates item i from `Random(seed + i)`, so the dataset
 under seed s+1 is the one under seed s shifted by one item (49 of 50 `basic_arithmetic`
 questions shared). Items past the training ones never reuse a training item's generator, and
-the question-text check removes what a small question space still repeats.
+the question-text check removes what a small question space still repeats. `dataset=composite`
+mixes datasets (`task.dataset_args={datasets: [{name: chain_sum, weight: 1, config: {}}, ...]}`,
+the specs of reasoning-gym's composite YAML); its item i is item i of one of them.
 
 Prompt: the entry's question, a blank line, then `instruction`, which asks for the final answer
 inside `<answer></answer>` tags. That is what reasoning-gym's own evaluation extracts
@@ -165,11 +167,25 @@ def create(name: str, config: dict[str, Any]) -> Any:
         raise ValueError(f"task.dataset={name!r}: not a reasoning-gym dataset; {hint}it has {len(DATASETS)}, "
                          f"e.g. {', '.join(sorted(DATASETS)[:6])}")
     args = {k: v for k, v in config.items() if k not in OWN_KEYS}
+    if name == "composite":
+        config = composite_config(config)
     try:
         return reasoning_gym.create_dataset(name, **config)
     except (TypeError, ValueError, AssertionError, KeyError) as e:  # the config class's own refusals
         raise ValueError(f"task.dataset_args={args!r}: dataset {name!r} refuses them "
                          f"({type(e).__name__}: {first_line(e)})") from None
+
+
+def composite_config(config: dict[str, Any]) -> dict[str, Any]:
+    """`dataset=composite` (a weighted mixture of datasets): its `datasets` list as reasoning-gym
+    reads it from YAML, each mapping made a `DatasetSpec`."""
+    from reasoning_gym.composite import DatasetSpec
+
+    specs = config.get("datasets")
+    check(isinstance(specs, list) and bool(specs)
+          and all(isinstance(s, dict) and set(s) == {"name", "weight", "config"} for s in specs),
+          "task.dataset_args.datasets", specs, "dataset=composite needs a list of {name: NAME, weight: W, config: {...}}")
+    return {**config, "datasets": [DatasetSpec(**spec) for spec in specs]}
 
 
 def first_line(error: BaseException) -> str:

@@ -130,11 +130,26 @@ def test_the_datasets_own_score_rewards_the_tagged_answer_in_the_reward_workers(
 
 
 @needs_rg
+def test_a_composite_mixes_datasets_and_each_entry_is_scored_by_its_own_dataset():
+    specs = [{"name": "chain_sum", "weight": 1.0, "config": {}}, {"name": "count_bits", "weight": 1.0, "config": {}}]
+    task = task_of(dataset="composite", dataset_args={"datasets": specs})
+    examples = task.examples() + task.test_examples()
+    sources = {e.meta["entry"]["metadata"]["source_dataset"] for e in examples}
+    assert sources == {"chain_sum", "count_bits"}
+    for source in sorted(sources):
+        example = next(e for e in examples if e.meta["entry"]["metadata"]["source_dataset"] == source)
+        assert reward(task, example, f"<answer>{example.meta['entry']['answer']}</answer>").value == 1.0
+
+
+@needs_rg
 @pytest.mark.parametrize("keys, message", [
     ({"dataset": "chain_sumz"}, r"^task.dataset='chain_sumz': not a reasoning-gym dataset; did you mean chain_sum"),
     ({"dataset": "zzz"}, r"^task.dataset='zzz': not a reasoning-gym dataset; it has \d+, e.g. "),
     ({"dataset_args": {"bogus": 1}}, r"^task.dataset_args=\{'bogus': 1\}: dataset 'chain_sum' refuses them "
                                      r"\(TypeError: .*bogus"),
+    ({"dataset": "composite"}, r"^task.dataset_args.datasets=None: dataset=composite needs a list of "),
+    ({"dataset": "composite", "dataset_args": {"datasets": [{"name": "nope", "weight": 1, "config": {}}]}},
+     r"^task.dataset_args=.*: dataset 'composite' refuses them \(ValueError: Dataset 'nope' not registered\)"),
     ({"dataset_args": {"min_terms": 5, "max_terms": 2}}, r"^task.dataset_args=.*: dataset 'chain_sum' refuses them "
                                                          r"\(AssertionError: max_terms must be >= min_terms\)"),
 ])
