@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import signal
 import socket
 from collections.abc import Callable
@@ -36,7 +35,6 @@ from planner.configs import build, check
 # (which reads ServeConfig) stays free of them.
 SUMMARY = __doc__.splitlines()[0].split(": ", 1)[1]  # the first line of --help
 INSTALL = 'pip install -e ".[serve]"'
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)

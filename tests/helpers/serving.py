@@ -17,7 +17,7 @@ from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.models.loading import LoadedModel, load_model
 from jaxrl_async.serving.client import EngineClient
 from jaxrl_async.serving.sampling import ServedModel
-from tests.helpers.engines import collect
+from tests.helpers.engines import WrappedEngine, collect
 
 ENGINE = EngineConfig(num_slots=4, max_len=64, min_bucket=16, decode_steps_per_call=2)
 
@@ -28,6 +28,26 @@ def tiny() -> LoadedModel:
 
 def served_model(loaded: LoadedModel, engine: GenerationEngine, name: str = "tiny") -> ServedModel:
     return ServedModel(name, "tiny", loaded.tokenizer, loaded.stop_token_ids, engine.limits)
+
+
+class HoldingEngine(WrappedEngine):
+    """A real engine whose requests never finish on their own (every piece is held back) and
+    that records the aborts it is asked for: a caller that goes away is the only way out."""
+
+    def __init__(self, inner: GenerationEngine) -> None:
+        super().__init__(inner)
+        self.aborted: list[str] = []
+
+    @property
+    def limits(self):
+        return self.inner.limits
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        await self.inner.abort(request_id)
+
+    def keep(self, out: SampleOutput) -> bool:
+        return False
 
 
 @dataclass

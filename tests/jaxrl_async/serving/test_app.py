@@ -4,7 +4,6 @@ client that goes away aborts its request."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import socket
 import time
@@ -18,8 +17,7 @@ import httpx  # noqa: E402  (a dependency of fastapi's test stack and of openai)
 
 from jaxrl_async.engines.base import SamplingParams  # noqa: E402
 from jaxrl_async.engines.jax.engine import JaxEngine  # noqa: E402
-from tests.helpers.engines import WrappedEngine  # noqa: E402
-from tests.helpers.serving import ENGINE, run_directly, running_server, tiny  # noqa: E402
+from tests.helpers.serving import ENGINE, HoldingEngine, run_directly, running_server, tiny  # noqa: E402
 
 LOADED = tiny()
 
@@ -130,28 +128,8 @@ def test_models_lists_the_served_model_with_its_context_and_health_counts_reques
     assert health.json()["finished"] == server.client.counts["finished"] >= 1
 
 
-class AbortRecorder(WrappedEngine):
-    """A real engine whose requests never finish on their own (their pieces are held back) and
-    that records the aborts it is asked for."""
-
-    def __init__(self, inner) -> None:
-        super().__init__(inner)
-        self.aborted: list[str] = []
-
-    @property
-    def limits(self):
-        return self.inner.limits
-
-    async def abort(self, request_id):
-        self.aborted.append(request_id)
-        await self.inner.abort(request_id)
-
-    def keep(self, out) -> bool:
-        return False
-
-
 def test_a_client_that_disconnects_aborts_its_request_in_the_engine():
-    engine = AbortRecorder(JaxEngine(LOADED.model, LOADED.cfg, ENGINE))
+    engine = HoldingEngine(JaxEngine(LOADED.model, LOADED.cfg, ENGINE))
     with running_server(LOADED, engine) as running:
         host, port = running.url.removeprefix("http://").split(":")
         body = json.dumps({"token_ids": [1, 2, 3], "sampling_params": {"max_tokens": 8}}).encode()

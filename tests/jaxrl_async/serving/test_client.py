@@ -10,8 +10,8 @@ import pytest
 from jaxrl_async.engines.base import SamplingParams
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.serving.client import EngineClient, EngineStopped
-from tests.helpers.engines import WrappedEngine
-from tests.helpers.serving import ENGINE, run_directly, tiny
+from tests.helpers.engines import WrappedEngine  # Dying: a stream that raises
+from tests.helpers.serving import ENGINE, HoldingEngine, run_directly, tiny
 
 LOADED = tiny()
 
@@ -41,24 +41,9 @@ def test_concurrent_callers_each_get_their_own_samples_equal_to_the_engines_dire
     assert client.counts == {"submitted": 3, "finished": 3} and client.in_flight == 0
 
 
-class Holding(WrappedEngine):
-    """Holds every piece back (no request finishes on its own) and records aborts."""
-
-    def __init__(self, inner) -> None:
-        super().__init__(inner)
-        self.aborted: list[str] = []
-
-    async def abort(self, request_id):
-        self.aborted.append(request_id)
-        await self.inner.abort(request_id)
-
-    def keep(self, out) -> bool:
-        return False
-
-
 def test_a_cancelled_caller_aborts_its_request_and_the_others_go_on():
     async def go():
-        held = Holding(engine())
+        held = HoldingEngine(engine())
         client = EngineClient(held)
         await client.start()
         task = asyncio.create_task(client.generate([1, 2], SamplingParams(max_new_tokens=8)))
