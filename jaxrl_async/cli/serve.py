@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from jaxrl_async.cli.common import note, run_cached, run_command
-from jaxrl_async.engines.registry import AnyEngineConfig, engine_config, entry_of
+from jaxrl_async.engines.registry import AnyEngineConfig, EngineFacts, engine_config, entry_of
 from jaxrl_async.models.config import ModelSpec
 from planner.configs import build, check
 
@@ -89,6 +89,17 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def inert_keys(facts: EngineFacts) -> list[str]:
+    """One line per `engine.` key that cannot act in the server (`EngineFacts`: the registry's)."""
+    lines = [f"engine.{key}={value} has no effect here: the server runs one engine on the model's device"
+             for key, value in (("replicas", facts.replicas), ("tensor_parallel", facts.tensor_parallel))
+             if value != 1 and not facts.places_itself]
+    if facts.speculation is not None and facts.speculation.when == "critical":
+        lines.append("engine.speculation.when=critical has no effect here: the server marks no request critical "
+                     "(engine.speculation.when=always speculates every request)")
+    return lines
+
+
 def serve(config: ServeConfig, *, say: Callable[[str], None] = lambda _: None) -> dict[str, int]:
     """Serve until SIGINT or SIGTERM; returns the client's counts (requests finished, aborted ...)."""
     require("fastapi", "serve")
@@ -115,9 +126,8 @@ def _serve(config: ServeConfig, sock: socket.socket, say: Callable[[str], None])
     from jaxrl_async.serving.sampling import ServedModel
 
     facts = entry_of(config.engine).facts(config.engine)
-    for key, value in (("replicas", facts.replicas), ("tensor_parallel", facts.tensor_parallel)):
-        if value != 1 and not facts.places_itself:  # one warning line per key that cannot act here
-            say(f"warning: engine.{key}={value} has no effect here: the server runs one engine on the model's device")
+    for line in inert_keys(facts):
+        say(f"warning: {line}")
     say(f"loading model {config.model.source} ...")
     loaded = load_model(config.model.source, dtype=config.model.dtype)
     if loaded.tokenizer is None:
@@ -141,7 +151,7 @@ def _serve(config: ServeConfig, sock: socket.socket, say: Callable[[str], None])
             signal.signal(sig, handler)
     if not server.started:
         raise ValueError(f"engine={config.engine.name}: the server did not start (the engine's error is above)")
-    return {"served": client.counts["finished"], **client.counts}
+    return client.summary()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,7 +52,7 @@ def make_app(client: EngineClient, served: ServedModel) -> FastAPI:
     async def health() -> Response:
         if client.error is not None:
             return error(503, f"the engine died: {client.error}", "ServiceUnavailable")
-        return JSONResponse({"status": "ok", "in_flight": client.in_flight, **client.counts})
+        return JSONResponse({"status": "ok", **client.summary()})
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -23,6 +23,10 @@ from dataclasses import dataclass
 from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SampleOutput, SamplingParams, join_outputs
 
 
+# What `EngineClient.summary` reports, in this order (each counted once per request).
+COUNTS = ("submitted", "finished", "aborted", "refused", "failed")
+
+
 class EngineStopped(RuntimeError):
     """The engine stopped or died before the request's samples were done."""
 
@@ -77,6 +81,10 @@ class EngineClient:
     @property
     def in_flight(self) -> int:
         return len(self._waiting)
+
+    def summary(self) -> dict[str, int]:
+        """Every count of `COUNTS` (zeros included) and the requests in flight now."""
+        return {**{key: self.counts[key] for key in COUNTS}, "in_flight": self.in_flight}
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams, *,
                        priority: float = 0.0) -> list[SampleOutput]:

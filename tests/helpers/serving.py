@@ -50,6 +50,16 @@ class HoldingEngine(WrappedEngine):
         return False
 
 
+class DyingEngine(HoldingEngine):
+    """A real engine whose output stream raises "device lost" at its first piece (a worker thread
+    that died)."""
+
+    async def outputs(self):
+        async for _ in self.inner.outputs():
+            raise RuntimeError("device lost")
+        yield  # an async generator
+
+
 @dataclass
 class Running:
     url: str

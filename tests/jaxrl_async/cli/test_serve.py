@@ -49,7 +49,7 @@ def test_the_command_serves_one_request_then_stops_on_sigterm_with_what_it_serve
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    assert json.loads(out) == {"served": 1, "submitted": 1, "finished": 1}
+    assert json.loads(out) == {"submitted": 1, "finished": 1, "aborted": 0, "refused": 0, "failed": 0, "in_flight": 0}
     assert "Traceback" not in err
 
 
@@ -66,6 +66,26 @@ def test_bad_input_is_one_line_and_status_1(capsys):
         assert main([f"port={port}"]) == 1
         err = capsys.readouterr().err
     assert err.startswith(f"error: port={port}: cannot listen on 127.0.0.1:{port}") and err.count("\n") == 1
+
+
+def test_a_missing_serve_extra_is_one_line_naming_the_install(capsys, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else find_spec(name, *a))
+    assert main(["port=0"]) == 1
+    assert capsys.readouterr().err == ("error: serve: the 'uvicorn' package is not installed "
+                                       "(pip install -e \".[serve]\")\n")
+
+
+def test_keys_that_cannot_act_in_the_server_warn_one_line_each():
+    from jaxrl_async.cli.serve import inert_keys, typed_config
+    from jaxrl_async.engines.registry import entry_of
+
+    config = typed_config({"model": {"source": "tiny"}, "engine": {"name": "jax", "replicas": 2,
+                                                                    "speculation": {"when": "critical"}}})
+    lines = inert_keys(entry_of(config.engine).facts(config.engine))
+    assert [line.split(" has no effect")[0] for line in lines] == ["engine.replicas=2", "engine.speculation.when=critical"]
 
 
 def test_help_lists_the_servers_keys():

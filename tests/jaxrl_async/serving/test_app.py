@@ -17,7 +17,7 @@ import httpx  # noqa: E402  (a dependency of fastapi's test stack and of openai)
 
 from jaxrl_async.engines.base import SamplingParams  # noqa: E402
 from jaxrl_async.engines.jax.engine import JaxEngine  # noqa: E402
-from tests.helpers.serving import ENGINE, HoldingEngine, run_directly, running_server, tiny  # noqa: E402
+from tests.helpers.serving import ENGINE, DyingEngine, HoldingEngine, run_directly, running_server, tiny  # noqa: E402
 
 LOADED = tiny()
 
@@ -146,3 +146,11 @@ def test_a_client_that_disconnects_aborts_its_request_in_the_engine():
             time.sleep(0.01)
         assert engine.aborted == ["serve-0"] and running.client.counts["aborted"] == 1
         assert running.client.in_flight == 0
+
+
+def test_a_dead_engine_is_a_503_on_the_request_and_on_health():
+    with running_server(LOADED, DyingEngine(JaxEngine(LOADED.model, LOADED.cfg, ENGINE))) as running:
+        reply = post(running, "/inference/v1/generate", {"token_ids": [1, 2], "sampling_params": {"max_tokens": 3}})
+        assert reply.status_code == 503 and reply.json()["error"]["message"] == "the engine died: device lost"
+        health = httpx.get(running.url + "/health", timeout=30)
+        assert health.status_code == 503 and "device lost" in health.json()["error"]["message"]

@@ -10,8 +10,7 @@ import pytest
 from jaxrl_async.engines.base import SamplingParams
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.serving.client import EngineClient, EngineStopped
-from tests.helpers.engines import WrappedEngine  # Dying: a stream that raises
-from tests.helpers.serving import ENGINE, HoldingEngine, run_directly, tiny
+from tests.helpers.serving import ENGINE, DyingEngine, HoldingEngine, run_directly, tiny
 
 LOADED = tiny()
 
@@ -38,7 +37,7 @@ def test_concurrent_callers_each_get_their_own_samples_equal_to_the_engines_dire
         assert [s.token_ids for s in samples] == [w.token_ids for w in want]
         assert [s.versions for s in samples] == [w.versions for w in want]
     assert sorted({s.request_id for samples in got for s in samples}) == ["serve-0", "serve-1", "serve-2"]
-    assert client.counts == {"submitted": 3, "finished": 3} and client.in_flight == 0
+    assert client.summary() == {"submitted": 3, "finished": 3, "aborted": 0, "refused": 0, "failed": 0, "in_flight": 0}
 
 
 def test_a_cancelled_caller_aborts_its_request_and_the_others_go_on():
@@ -69,21 +68,12 @@ def test_a_request_the_engine_refuses_is_its_one_line_and_counted():
         return client
 
     client = asyncio.run(go())
-    assert client.counts == {"refused": 1} and client.in_flight == 0
-
-
-class Dying(WrappedEngine):
-    """Its output stream raises at the first piece (a worker thread that died)."""
-
-    async def outputs(self):
-        async for _ in self.inner.outputs():
-            raise RuntimeError("device lost")
-        yield  # an async generator
+    assert client.summary() == {"submitted": 0, "finished": 0, "aborted": 0, "refused": 1, "failed": 0, "in_flight": 0}
 
 
 def test_a_dead_engine_fails_the_waiting_caller_and_every_later_one():
     async def go():
-        client = EngineClient(Dying(engine()))
+        client = EngineClient(DyingEngine(engine()))
         await client.start()
         with pytest.raises(EngineStopped, match="the engine died: device lost"):
             await client.generate([1, 2], SamplingParams(max_new_tokens=4))
