@@ -58,7 +58,8 @@ def check_model(value: Any, served: ServedModel) -> None:
 
 SAMPLING = ("n", "temperature", "top_p", "top_k", "seed", "max_tokens", "stop_token_ids", "ignore_eos", "logprobs")
 FORMATTING = ("skip_special_tokens", "spaces_between_special_tokens", "detokenize", "include_stop_str_in_output",
-              "output_kind", "flat_logprobs", "return_token_ids")
+              "output_kind", "flat_logprobs", "return_token_ids",
+              "routed_experts_prompt_start")  # verifiers sends it on a bridged turn; a dense model routes nothing
 # key -> the values that leave sampling unchanged
 NEUTRAL: dict[str, tuple[Any, ...]] = {
     "presence_penalty": (None, 0, 0.0), "frequency_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),

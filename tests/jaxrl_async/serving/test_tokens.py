@@ -22,6 +22,9 @@ def test_the_renderers_clients_body_reads_as_the_engine_request_it_means():
     assert got.prompt_ids == [1, 2, 3] and got.logprobs and got.priority == 2.0 and got.request_id is None
     assert (got.sampling.temperature, got.sampling.top_p, got.sampling.max_new_tokens) == (0.5, 0.9, 7)
     assert got.sampling.stop_token_ids == (260, 257)
+    # a later turn of a multi-turn episode (TrainClient bridges the prompt) adds this key
+    bridged = {**body, "sampling_params": {**body["sampling_params"], "routed_experts_prompt_start": 11}}
+    assert read_request(bridged, SERVED) == got
 
 
 def test_the_response_is_vllms_with_each_tokens_version():
