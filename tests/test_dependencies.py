@@ -49,6 +49,7 @@ FEATURE_FILES = {
     "jaxrl_async/engines/vllm/compat.py": "vllm",
     "jaxrl_async/engines/vllm/engine.py": "vllm",
     "jaxrl_async/engines/vllm/weights.py": "vllm",
+    "jaxrl_async/tasks/reasoning_gym.py": "envs",
     "jaxrl_async/transports/nccl.py": "vllm",
 }
 # Modules of optional distributions that may be absent here, so packages_distributions() cannot
@@ -59,12 +60,20 @@ NOT_INSTALLED_HERE = {
     "torch": {"torch"},
     "transformers": {"transformers"},
     "hypothesis": {"hypothesis"},
+    "reasoning_gym": {"reasoning-gym"},
 }
 USED_WITHOUT_IMPORT = {
     "pytest-xdist": "pytest loads it for `-n 2` (the README's test command)",
     "hydra-submitit-launcher": "Hydra loads it for hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml)",
     "mutmut": "benchmarks/mutation.sh runs its command line (the `mutation` extra; not in CI)",
     "tensorboard": "its command reads a run's tensorboardX events (README: tensorboard --logdir RUN_DIR)",
+    # Declared ahead of the modules that import them (issues 25 and 26 land in parts): each line
+    # goes when its FEATURE_FILES entry comes.
+    "verifiers": "task=verifiers (issue 25) imports it; declared with the envs extra, which CI installs",
+    "fastapi": "python -m jaxrl_async.serve (issue 25) imports it; declared with the serve extra",
+    "uvicorn": "python -m jaxrl_async.serve (issue 25) runs it; declared with the serve extra",
+    "peft": "LoRA adapters (issue 26) import it; declared with the lora extra",
+    "qwix": "LoRA in JAX (issue 26) imports it; declared with the lora extra",
 }
 
 

@@ -41,8 +41,8 @@ def test_the_engines_count_tokens_with_planner_versions_not_the_driver():
     assert offenders("jaxrl_async/engines", ("planner.driver",)) == []
 
 
-# The `python -m jaxrl_async.train|eval|generate` shims: they only forward to jaxrl_async/cli/.
-COMMAND_SHIMS = ("jaxrl_async/train.py", "jaxrl_async/eval.py", "jaxrl_async/generate.py")
+# The `python -m jaxrl_async.train|eval|generate|serve` shims: they only forward to jaxrl_async/cli/.
+COMMAND_SHIMS = ("jaxrl_async/train.py", "jaxrl_async/eval.py", "jaxrl_async/generate.py", "jaxrl_async/serve.py")
 
 
 def test_only_the_command_shims_import_the_command_lines():
@@ -51,7 +51,7 @@ def test_only_the_command_shims_import_the_command_lines():
     found = [line for line in offenders("jaxrl_async", ("jaxrl_async.cli",))
              if not line.startswith(("jaxrl_async/cli/", *COMMAND_SHIMS))]
     assert found == []
-    commands = ("jaxrl_async.cli.eval", "jaxrl_async.cli.generate", "jaxrl_async.cli.train")
+    commands = ("jaxrl_async.cli.eval", "jaxrl_async.cli.generate", "jaxrl_async.cli.serve", "jaxrl_async.cli.train")
     shared = [REPO / "jaxrl_async" / "cli" / name for name in ("common.py", "config_nodes.py")]
     assert [(p.name, name) for p in shared for name in imports(p) if name in commands] == []
 
@@ -131,3 +131,11 @@ def test_the_engine_modules_import_each_other_without_a_cycle():
     """The JAX core, migration and paging once imported each other (migration read the core's
     private members): the core's collaborators use its public slot API (engines/jax/slots.py)."""
     assert cycle_in(package_graph("jaxrl_async/engines")) == []
+
+
+def test_only_the_server_app_and_its_command_import_fastapi_and_uvicorn():
+    """FastAPI and uvicorn are the optional `serve` extra: the engine client and the wire schema
+    (jaxrl_async/serving/) stay importable without them, for the runtime to reuse."""
+    found = [line for line in offenders("jaxrl_async", ("fastapi", "uvicorn", "starlette"))
+             if not line.startswith(("jaxrl_async/serving/app.py", "jaxrl_async/cli/serve.py"))]
+    assert found == []

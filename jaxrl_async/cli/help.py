@@ -1,4 +1,4 @@
-"""What `--help` reads for the commands on conf/ (train, generate, eval): each `base/` node's
+"""What `--help` reads for the commands on conf/ (train, generate, eval, serve): each `base/` node's
 config dataclass as "module:QualName", imported by planner/tools/help.py only when the command
 line's groups reach it. Every config module named here imports no JAX (docs/design.md §6), so
 `--help` answers at once; this module itself imports nothing of the package.
@@ -16,6 +16,7 @@ HELP_NODES = {
     "train": "jaxrl_async.runtime.config:RunConfig",
     "generate": "jaxrl_async.cli.generate:GenerateConfig",
     "eval": "jaxrl_async.cli.eval:EvalConfig",
+    "serve": "jaxrl_async.cli.serve:ServeConfig",
     "trainer": "jaxrl_async.trainer.config:TrainerConfig",
     "engine/jax": "jaxrl_async.engines.jax.config:EngineConfig",
     "engine/vllm": "jaxrl_async.engines.vllm.config:VllmEngineConfig",
@@ -25,6 +26,7 @@ HELP_NODES = {
     "task/arithmetic": "jaxrl_async.tasks.arithmetic:ArithmeticConfig",
     "task/custom": "jaxrl_async.tasks.custom:CustomConfig",
     "task/gsm8k": "jaxrl_async.tasks.gsm8k:GSM8KConfig",
+    "task/reasoning_gym": "jaxrl_async.tasks.reasoning_gym:ReasoningGymConfig",
     "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
     "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
 }
@@ -32,7 +34,7 @@ MODEL_SPEC = "jaxrl_async.models.config:ModelSpec"  # conf/model/*.yaml: no defa
 
 
 def help_spec(prog: str, summary: str):
-    """What `--help` reads for a command on conf/ (train, generate, eval): planner/tools/help.py."""
+    """What `--help` reads for a command on conf/ (train, generate, eval, serve): planner/tools/help.py."""
     from planner.registry import policy_class
     from planner.tools.help import HelpSpec
 

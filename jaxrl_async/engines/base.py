@@ -248,6 +248,11 @@ class EngineTiming:
 class GenerationEngine(abc.ABC):
     """An async generation backend. All methods are called from one asyncio event loop."""
 
+    # What one request may ask of this engine (the rule `submit` applies), for a caller that
+    # checks requests in its own words first (the server, jaxrl_async/serving/); None: the
+    # engine does not state them (one that fronts other engines).
+    limits: RequestLimits | None = None
+
     @abc.abstractmethod
     async def start(self) -> None:
         """Start generating; requests submitted before `start` wait in the queue."""

@@ -30,7 +30,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, EngineTiming, GenerationEngine,
-                                      GenerationRequest, SampleOutput, check_new_request_id, read_outputs)
+                                      GenerationRequest, RequestLimits, SampleOutput, check_new_request_id,
+                                      read_outputs)
 from jaxrl_async.engines.jax.compiles import COMPILE_COUNTS
 from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.core import EngineCore
@@ -119,6 +120,10 @@ class JaxEngine(GenerationEngine):
         self._error: BaseException | None = None  # set when the worker thread died
         # Worker thread appends, loop thread drains (`timings`): deque appends and pops are atomic.
         self._timings: collections.deque[EngineTiming] = collections.deque()
+
+    @property
+    def limits(self) -> RequestLimits:
+        return self.core.limits
 
     # ------------------------------------------------------------ event-loop side
 

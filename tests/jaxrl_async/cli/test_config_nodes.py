@@ -104,7 +104,8 @@ def test_the_help_reads_the_same_dataclasses_as_the_config_nodes():
     from jaxrl_async.cli.help import HELP_NODES
     from jaxrl_async.cli.eval import EvalConfig
     from jaxrl_async.cli.generate import GenerateConfig
+    from jaxrl_async.cli.serve import ServeConfig
 
     # the one-shot commands register their own top level (cli/common.py run_command)
-    nodes = {**config_nodes(), "generate": GenerateConfig, "eval": EvalConfig}
+    nodes = {**config_nodes(), "generate": GenerateConfig, "eval": EvalConfig, "serve": ServeConfig}
     assert HELP_NODES == {path: f"{cls.__module__}:{cls.__qualname__}" for path, cls in nodes.items()}

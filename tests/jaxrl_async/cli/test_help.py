@@ -1,6 +1,6 @@
 """`--help` of every command lists every key its config holds, each with a one-line description.
 
-The walk covers every command on conf/ (train, eval, generate, simulate, tune) with its defaults
+The walk covers every command on conf/ (train, eval, generate, serve, simulate, tune) with its defaults
 and with each option of each of its groups (conf/<group>/*.yaml), composes that command line as
 Hydra does, and holds the composed leaf keys equal to the keys `--help` lists; the descriptions
 are the dataclasses' `Attributes:` entries (planner/tools/help.py), and an entry that names no
@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from jaxrl_async.cli.config_nodes import register_config_nodes
 from jaxrl_async.cli.eval import EvalConfig
 from jaxrl_async.cli.generate import GenerateConfig
+from jaxrl_async.cli.serve import ServeConfig
 from jaxrl_async.cli.help import help_spec
 from planner.configs import register_defaults
 from planner.tools import simulate, tune
@@ -33,14 +34,14 @@ def spec(command: str) -> HelpSpec:
     """The HelpSpec each command's `--help` uses (prog and summary aside)."""
     if command == "train":
         return help_spec(command, "")
-    if command in ("eval", "generate"):  # cli/common.py run_command: no experiments
+    if command in ("eval", "generate", "serve"):  # cli/common.py run_command: no experiments
         return dataclasses.replace(help_spec(command, ""), extra_groups=())
     return simulate.help_spec(command, "", {"tune": tune.TuneConfig} if command == "tune" else None)
 
 
 def register(command: str) -> None:
-    if command in ("train", "eval", "generate"):
-        register_config_nodes({"eval": EvalConfig, "generate": GenerateConfig})
+    if command in ("train", "eval", "generate", "serve"):
+        register_config_nodes({"eval": EvalConfig, "generate": GenerateConfig, "serve": ServeConfig})
     else:
         simulate.register_config_nodes()
         register_defaults({"tune": tune.TuneConfig})
@@ -62,7 +63,7 @@ def leaf_keys(values: Any, prefix: str = "") -> list[str]:
 def command_lines() -> list[tuple[str, list[str]]]:
     """Every command with its defaults and with each option of each of its groups."""
     out = []
-    for command in ("train", "eval", "generate", "simulate", "tune"):
+    for command in ("train", "eval", "generate", "serve", "simulate", "tune"):
         out.append((command, []))
         groups = listing(CONF, command, spec(command)).groups
         for group in [*groups, *(g for g in spec(command).extra_groups if g not in groups)]:
@@ -103,7 +104,7 @@ def test_every_attributes_entry_names_a_field_of_its_class(cls):
 
 # The command's module -> the first words of the summary its --help opens with.
 SUMMARIES = {"jaxrl_async.train": "one async RL run", "jaxrl_async.eval": "score a model on a task's held-out split",
-             "jaxrl_async.generate": "complete one prompt",
+             "jaxrl_async.generate": "complete one prompt", "jaxrl_async.serve": "serve a model over HTTP",
              "planner.simulate": "run one policy on the simulated cluster", "planner.tune": "search"}
 
 
@@ -126,7 +127,7 @@ def test_every_config_class_the_help_can_reach_imports_no_backend():
             "from planner.tools.help import config_class\n"
             "for source in [*HELP_NODES.values(), MODEL_SPEC]:\n    config_class(source)\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'optax', 'grain', 'ray', 'vllm', "
-            "'torch', 'sympy'}))")
+            "'torch', 'sympy', 'reasoning_gym'}))")
     p = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
                        capture_output=True, text=True, timeout=60)
     assert p.stdout.strip() == "[]", p.stdout + p.stderr
