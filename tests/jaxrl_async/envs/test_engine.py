@@ -19,7 +19,7 @@ from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.tasks.base import build_task
 from jaxrl_async.tokenizer import tiny_tokenizer
-from tests.helpers import episodes  # noqa: F401  (registers echo_turns)
+from tests.helpers import echo_env  # noqa: F401  (registers echo_turns)
 from tests.helpers.engines import params_of
 
 CFG = ModelConfig.tiny()

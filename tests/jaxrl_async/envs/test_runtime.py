@@ -19,7 +19,7 @@ from planner.ledger import LEDGER_FILE, LedgerWriter, read_ledger
 from planner.ledger_audit import audit
 from planner.registry import make_policy
 from planner.types import PlanContext
-from tests.helpers import episodes  # noqa: F401  (registers echo_turns)
+from tests.helpers import echo_env  # noqa: F401  (registers echo_turns)
 from tests.helpers.controller_harness import InstantTrainer, ScriptedEngine, run
 
 

@@ -47,6 +47,8 @@ def test_score_group_keeps_sample_order_and_marks_each_failed_sample():
             return "".join(ids)
 
     class Sample:
+        episode = None  # a single-turn sample: the task scores its text
+
         def __init__(self, token_ids):
             self.token_ids = token_ids
 
