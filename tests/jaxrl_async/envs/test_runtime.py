@@ -18,6 +18,7 @@ from jaxrl_async.tokenizer import tiny_tokenizer
 from planner.ledger import LEDGER_FILE, LedgerWriter, read_ledger
 from planner.ledger_audit import audit
 from planner.registry import make_policy
+from planner.run_trace import TRACE_FILE, TraceWriter, read_run_trace
 from planner.types import PlanContext
 from tests.helpers import echo_env  # noqa: F401  (registers echo_turns)
 from tests.helpers.controller_harness import InstantTrainer, ScriptedEngine, run
@@ -38,7 +39,8 @@ def episode_controller(run_dir, *, fault: str = "", steps: int = 4, max_rate: fl
         task=task, tokenizer=tokenizer, stream=task.make_stream(tokenizer, tokenizer.chat_template, seed=0),
         run_dir=run_dir, ledger=LedgerWriter(run_dir / LEDGER_FILE, buffer_lines=16),
         sinks=[JsonlSink(run_dir / METRICS_FILE, append=False)], stop_token_ids=(257,),
-        samples=SampleLog(run_dir, cfg.samples_per_step, tokenizer, append=False))
+        samples=SampleLog(run_dir, cfg.samples_per_step, tokenizer, append=False),
+        trace=TraceWriter(run_dir / TRACE_FILE), trace_meta={"group_size": 2, "workers": 1, "slots": 64})
     return controller, trainer
 
 
@@ -69,6 +71,8 @@ def test_a_run_of_episodes_trains_only_model_tokens_and_its_ledger_holds_every_t
     assert [m["role"] for m in first["messages"]] == ["user", "assistant", "tool", "assistant", "tool", "assistant"]
     assert len(first["token_ids"]) == len(first["loss_mask"]) and sum(first["loss_mask"]) == 6
     assert first["reward"] == 1.0 and first["terms"] == {"turns": 3} and len(first["turns"]) == 3
+    traced = [e for e in read_run_trace(tmp_path / TRACE_FILE) if e["event"] == "episode"]
+    assert len(traced) == 16 and all(len(e["turns"]) == 3 and e["fault"] is None for e in traced)
 
 
 def test_an_episode_fault_is_counted_and_its_sample_leaves_the_loss(tmp_path):

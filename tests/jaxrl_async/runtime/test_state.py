@@ -42,8 +42,11 @@ def test_an_old_checkpoints_json_loads_into_a_snapshot_and_writes_back_unchanged
     assert snap.groups[0].rollout.token_versions() == [(2, 1), (3, 2)]
     # Keys newer than the checkpoint come back at their defaults; every old key is unchanged.
     new_stats = {"groups_stalled": 0, "groups_migrated": 0, "reward_errors_by_type": {}, "engine_iterations": 0,
-                 "speculation_drafted_tokens": 0, "speculation_accepted_tokens": 0, "speculating_sequences": 0}
-    assert json.loads(json.dumps(state.to_json(snap))) == {**OLD_META, "stats": {**STATS, **new_stats}, "trace_bytes": None}
+                 "speculation_drafted_tokens": 0, "speculation_accepted_tokens": 0, "speculating_sequences": 0,
+                 "episodes": 0, "episode_turns": 0, "env_tokens": 0, "env_s": 0.0, "episode_faults": 0,
+                 "episode_faults_by_kind": {}}
+    assert json.loads(json.dumps(state.to_json(snap))) == {**OLD_META, "stats": {**STATS, **new_stats},
+                                                           "trace_bytes": None, "samples_bytes": None}
 
 
 def test_state_converts_snapshots_and_never_imports_the_controller():
