@@ -23,8 +23,10 @@ HELP_NODES = {
     "cluster/ray": "jaxrl_async.cluster.ray.config:RayClusterConfig",
     "cluster/slurm": "jaxrl_async.cluster.config:ProcessConfig",
     "task/arithmetic": "jaxrl_async.tasks.arithmetic:ArithmeticConfig",
+    "task/calculator": "jaxrl_async.tasks.calculator:CalculatorConfig",
     "task/custom": "jaxrl_async.tasks.custom:CustomConfig",
     "task/gsm8k": "jaxrl_async.tasks.gsm8k:GSM8KConfig",
+    "task/guess_number": "jaxrl_async.tasks.guess_number:GuessNumberConfig",
     "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
     "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
 }

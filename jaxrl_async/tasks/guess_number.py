@@ -1,0 +1,119 @@
+"""`guess_number`: a multi-turn game — the model guesses, the environment says higher or lower.
+
+The environment holds a secret whole number in [`lo`, `hi`], fixed by the example (its answer).
+Each model turn is a guess: its last number (tasks/arithmetic.py `last_number`, as the other
+tasks read answers). The environment answers as the other player (a "user" message): "The number
+is higher than 50." or "... lower than 50.", until the guess is right (the episode ends there) or
+`max_turns` turns have been played. A turn without a number, or with one outside [lo, hi], is an
+invalid guess: the reply asks for a number in the range and the turn is spent. Halving the range
+each turn finds any secret of [1, 100] in 7 guesses, so the default 8 turns leave room for one
+mistake.
+
+Reward: 1.0 when the secret is found, plus `turn_bonus` × (turns left unplayed) / max_turns, so
+with `turn_bonus` > 0 finding it sooner scores more (0.0 by default: found or not). Rubric terms:
+`found`, `guesses` (valid guesses) and `invalid` (turns without a valid guess).
+
+Data: every secret in [lo, hi] is one example, shuffled once by `data_seed`; the first
+`num_test_prompts` are the held-out split, the rest the training split. Every prompt reads the
+same (the secret is not in it), so the held-out split measures the search on secrets training
+never rewarded. An example's `meta` (samples.jsonl's `entry`) is its split, the secret and the range.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jaxrl_async.envs.episode import EpisodeResult
+from jaxrl_async.envs.task import ChatEnvTask, EnvReply, EnvTaskConfig
+from jaxrl_async.tasks.arithmetic import last_number
+from jaxrl_async.tasks.base import Example, Prompt, register_task
+from planner.configs import check
+
+
+@dataclass(frozen=True, kw_only=True)
+class GuessNumberConfig(EnvTaskConfig):
+    """`task=guess_number`: find a secret number from higher/lower answers.
+
+    Attributes:
+      lo: smallest secret
+      hi: largest secret (every number in [lo, hi] is one example)
+      num_test_prompts: secrets held out for evaluation; the rest are the training split
+      data_seed: shuffles the secrets (which are held out); the run's seed orders training
+      turn_bonus: added to a found episode's 1.0, times the share of max_turns left unplayed
+      instruction: appended to the question (after a space)
+    """
+
+    max_turns: int = 8
+    lo: int = 1
+    hi: int = 100
+    num_test_prompts: int = 20
+    data_seed: int = 0
+    turn_bonus: float = 0.0
+    instruction: str = ("Guess it: answer with one number. I will tell you if the number is higher or lower, "
+                        "until you find it.")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check(isinstance(self.hi, int) and isinstance(self.lo, int) and self.hi > self.lo, "task.hi", self.hi,
+              f"must be an int > lo={self.lo}")
+        secrets = self.hi - self.lo + 1
+        check(isinstance(self.num_test_prompts, int) and 0 <= self.num_test_prompts < secrets,
+              "task.num_test_prompts", self.num_test_prompts,
+              f"must be >= 0 and leave training secrets: there are {secrets} in [{self.lo}, {self.hi}]")
+        check(self.turn_bonus >= 0, "task.turn_bonus", self.turn_bonus, "must be >= 0")
+
+
+@register_task
+class GuessNumberTask(ChatEnvTask):
+    name = "guess_number"
+    config_class = GuessNumberConfig
+    cfg: GuessNumberConfig
+
+    def _secrets(self) -> list[int]:
+        cfg = self.cfg
+        return [cfg.lo + int(i) for i in np.random.default_rng(cfg.data_seed).permutation(cfg.hi - cfg.lo + 1)]
+
+    def _examples(self, secrets: list[int], split: str) -> list[Example]:
+        cfg = self.cfg
+        content = f"I am thinking of a whole number from {cfg.lo} to {cfg.hi}. {cfg.instruction}"
+        return [Example(f"guess_number-{s}", content, s, {"split": split, "secret": s, "lo": cfg.lo, "hi": cfg.hi})
+                for s in secrets]
+
+    def examples(self) -> list[Example]:
+        return self._examples(self._secrets()[self.cfg.num_test_prompts:], "train")
+
+    def test_examples(self) -> list[Example]:
+        if not self.cfg.num_test_prompts:
+            raise ValueError("task.num_test_prompts=0: no secrets are held out for split=test")
+        return self._examples(self._secrets()[: self.cfg.num_test_prompts], "test")
+
+    def guess(self, text: str) -> int | None:
+        """The turn's guess: its last number when it lies in [lo, hi]; None (invalid) otherwise."""
+        number = last_number(text)
+        return number if number is not None and self.cfg.lo <= number <= self.cfg.hi else None
+
+    def reset(self, prompt: Prompt) -> int:
+        return int(prompt.answer)
+
+    def step(self, state: int, messages: list[dict[str, Any]]) -> EnvReply:
+        guess = self.guess(messages[-1]["content"])
+        if guess == state:
+            return EnvReply([{"role": "user", "content": "Correct!"}], done=True)
+        if guess is None:
+            text = f"Answer with one number from {self.cfg.lo} to {self.cfg.hi}."
+        else:
+            text = f"The number is {'higher' if state > guess else 'lower'} than {guess}."
+        return EnvReply([{"role": "user", "content": text}])
+
+    def score_episode(self, state: int, messages: list[dict[str, Any]]) -> EpisodeResult:
+        guesses = [self.guess(m["content"]) for m in messages if m["role"] == "assistant"]
+        found = state in guesses
+        valid = [g for g in guesses if g is not None]
+        left = self.cfg.max_turns - len(guesses)
+        reward = (1.0 + self.cfg.turn_bonus * left / self.cfg.max_turns) if found else 0.0
+        return EpisodeResult(reward=reward, terms={"found": float(found), "guesses": float(len(valid)),
+                                                   "invalid": float(len(guesses) - len(valid))},
+                             extracted_answer=None if not valid else str(valid[-1]))
