@@ -37,7 +37,7 @@ import numpy as np
 from jaxrl_async.envs.episode import EpisodeResult
 from jaxrl_async.envs.task import ChatEnvTask, EnvReply, EnvTaskConfig
 from jaxrl_async.tasks.arithmetic import last_number
-from jaxrl_async.tasks.base import Example, Prompt, register_task
+from jaxrl_async.tasks.base import Example, HeldOutSplit, Prompt, register_task
 from planner.configs import check
 
 OPEN, CLOSE = "<calc>", "</calc>"
@@ -161,28 +161,21 @@ def final_answer(text: str) -> int | None:
 
 
 @register_task
-class CalculatorTask(ChatEnvTask):
+class CalculatorTask(HeldOutSplit, ChatEnvTask):
     name = "calculator"
     config_class = CalculatorConfig
+    items_name = "pairs"
     cfg: CalculatorConfig
 
-    def _pairs(self) -> list[tuple[int, int]]:
+    def items(self) -> list[tuple[int, int]]:
         cfg = self.cfg
         nb = _count(cfg.b_digits)
         drawn = np.random.default_rng(cfg.data_seed).choice(_count(cfg.a_digits) * nb, cfg.num_prompts, replace=False)
         return [(10 ** (cfg.a_digits - 1) + int(i) // nb, 10 ** (cfg.b_digits - 1) + int(i) % nb) for i in drawn]
 
-    def _examples(self, pairs: list[tuple[int, int]], split: str) -> list[Example]:
+    def make_examples(self, pairs: list[tuple[int, int]], split: str) -> list[Example]:
         return [Example(f"calculator-{a}*{b}", f"What is {a} * {b}? {self.cfg.instruction}", a * b,
                         {"split": split, "a": a, "b": b, "product": a * b}) for a, b in pairs]
-
-    def examples(self) -> list[Example]:
-        return self._examples(self._pairs()[self.cfg.num_test_prompts:], "train")
-
-    def test_examples(self) -> list[Example]:
-        if not self.cfg.num_test_prompts:
-            raise ValueError("task.num_test_prompts=0: no pairs are held out for split=test")
-        return self._examples(self._pairs()[: self.cfg.num_test_prompts], "test")
 
     def reset(self, prompt: Prompt) -> int:
         return int(prompt.answer)

@@ -29,7 +29,7 @@ import numpy as np
 from jaxrl_async.envs.episode import EpisodeResult
 from jaxrl_async.envs.task import ChatEnvTask, EnvReply, EnvTaskConfig
 from jaxrl_async.tasks.arithmetic import last_number
-from jaxrl_async.tasks.base import Example, Prompt, register_task
+from jaxrl_async.tasks.base import Example, HeldOutSplit, Prompt, register_task
 from planner.configs import check
 
 
@@ -67,28 +67,21 @@ class GuessNumberConfig(EnvTaskConfig):
 
 
 @register_task
-class GuessNumberTask(ChatEnvTask):
+class GuessNumberTask(HeldOutSplit, ChatEnvTask):
     name = "guess_number"
     config_class = GuessNumberConfig
+    items_name = "secrets"
     cfg: GuessNumberConfig
 
-    def _secrets(self) -> list[int]:
+    def items(self) -> list[int]:
         cfg = self.cfg
         return [cfg.lo + int(i) for i in np.random.default_rng(cfg.data_seed).permutation(cfg.hi - cfg.lo + 1)]
 
-    def _examples(self, secrets: list[int], split: str) -> list[Example]:
+    def make_examples(self, secrets: list[int], split: str) -> list[Example]:
         cfg = self.cfg
         content = f"I am thinking of a whole number from {cfg.lo} to {cfg.hi}. {cfg.instruction}"
         return [Example(f"guess_number-{s}", content, s, {"split": split, "secret": s, "lo": cfg.lo, "hi": cfg.hi})
                 for s in secrets]
-
-    def examples(self) -> list[Example]:
-        return self._examples(self._secrets()[self.cfg.num_test_prompts:], "train")
-
-    def test_examples(self) -> list[Example]:
-        if not self.cfg.num_test_prompts:
-            raise ValueError("task.num_test_prompts=0: no secrets are held out for split=test")
-        return self._examples(self._secrets()[: self.cfg.num_test_prompts], "test")
 
     def guess(self, text: str) -> int | None:
         """The turn's guess: its last number when it lies in [lo, hi]; None (invalid) otherwise."""
