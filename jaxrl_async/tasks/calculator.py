@@ -3,7 +3,11 @@
 A 135M model cannot multiply 3-digit numbers in its head (SmolLM2-135M-Instruct gets 0 of the
 held-out products right without the tool), but it can copy a number: an episode where it writes
 `<calc>123*456</calc>`, reads the environment's "123*456 = 56088" and answers 56088 scores 1.0.
-The skill the recipe (`+experiment=smollm2_calculator`) trains is calling the tool.
+The skill the recipe (`+experiment=smollm2_calculator`) trains is calling the tool. Measured
+greedy on 8 held-out prompts (3 turns of 32-40 tokens): with the question first and the tool's
+description after it (four wordings), the model wrote no call (0/8; it writes "314 * 935 =" and a
+wrong product); with the description first (the default `prompt`), 1/8 episodes held a
+(malformed) call. Reward 0/8 in every case.
 
 The episode (envs/task.py `ChatEnvTask`): each model turn that writes one or more calls gets one
 reply (role `tool_role`) with a line per call, the result or an error; a turn without a call is
@@ -21,8 +25,8 @@ call is never read as the answer), equals the product; else 0.0. Rubric terms: `
 `tool_calls` (the calls the model wrote, all turns) and `tool_errors` (those that were malformed).
 
 Data: `num_prompts` distinct pairs (a, b), a of `a_digits` digits and b of `b_digits`, drawn once
-by `data_seed`; the first `num_test_prompts` are the held-out split (`python -m jaxrl_async.eval`),
-the rest the training split. An example's `meta` (samples.jsonl's `entry`) is its split, a, b and
+by `data_seed`, each asked in the words of `prompt`; the first `num_test_prompts` are the
+held-out split (`python -m jaxrl_async.eval`), the rest the training split. An example's `meta` (samples.jsonl's `entry`) is its split, a, b and
 the product.
 """
 
@@ -58,7 +62,8 @@ class CalculatorConfig(EnvTaskConfig):
       num_prompts: distinct pairs drawn (training and held-out together)
       num_test_prompts: pairs held out for evaluation; the rest are the training split
       data_seed: draws the pairs (and so which are held out); the run's seed orders training
-      instruction: appended to each question (after a space): how to call the tool, with an example
+      prompt: the user message, with {a} and {b} for the factors: how to call the tool (with an
+        example), then the question
       tool_role: the role of the tool's reply message ("user" reads as a turn of the conversation
         to a model tuned on user/assistant chats; "tool" where the chat template knows that role)
     """
@@ -69,8 +74,8 @@ class CalculatorConfig(EnvTaskConfig):
     num_prompts: int = 2000
     num_test_prompts: int = 32
     data_seed: int = 0
-    instruction: str = ("Use the calculator: write <calc>12*34</calc> and you get 12*34 = 408. "
-                        "Then give the final answer.")
+    prompt: str = ("You have a calculator. To use it, write the expression between <calc> and </calc>, "
+                   "for example <calc>12*34</calc>, and I reply with the result.\nWhat is {a} * {b}?")
     tool_role: str = "user"
 
     def __post_init__(self) -> None:
@@ -86,6 +91,11 @@ class CalculatorConfig(EnvTaskConfig):
               "task.num_test_prompts", self.num_test_prompts,
               f"must be >= 0 and leave training pairs: num_prompts={self.num_prompts}")
         check(bool(self.tool_role), "task.tool_role", self.tool_role, "must be a non-empty role name")
+        try:
+            self.prompt.format(a=1, b=2)
+        except (KeyError, IndexError, ValueError) as e:
+            check(False, "task.prompt", self.prompt, f"must be a text whose only fields are {{a}} and {{b}} ({e!r})")
+        check("{a}" in self.prompt and "{b}" in self.prompt, "task.prompt", self.prompt, "must name both {a} and {b}")
 
 
 def _count(digits: int) -> int:
@@ -174,7 +184,7 @@ class CalculatorTask(HeldOutSplit, ChatEnvTask):
         return [(10 ** (cfg.a_digits - 1) + int(i) // nb, 10 ** (cfg.b_digits - 1) + int(i) % nb) for i in drawn]
 
     def make_examples(self, pairs: list[tuple[int, int]], split: str) -> list[Example]:
-        return [Example(f"calculator-{a}*{b}", f"What is {a} * {b}? {self.cfg.instruction}", a * b,
+        return [Example(f"calculator-{a}*{b}", self.cfg.prompt.format(a=a, b=b), a * b,
                         {"split": split, "a": a, "b": b, "product": a * b}) for a, b in pairs]
 
     def reset(self, prompt: Prompt) -> int:

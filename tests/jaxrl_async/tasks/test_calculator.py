@@ -59,7 +59,7 @@ def test_every_pair_is_in_exactly_one_split_and_the_entry_names_it():
     for e in train + test:
         a, b = e.meta["a"], e.meta["b"]
         assert 100 <= a <= 999 and 100 <= b <= 999 and e.answer == e.meta["product"] == a * b
-        assert e.content.startswith(f"What is {a} * {b}? ") and "<calc>" in e.content
+        assert e.content.endswith(f"What is {a} * {b}?") and "<calc>" in e.content
     assert {e.meta["split"] for e in test} == {"test"}
     again = build_task({"name": "calculator", "num_prompts": 50, "num_test_prompts": 10})
     assert again.split_examples("test") == test  # data_seed fixes the draw
@@ -164,6 +164,8 @@ def test_a_turn_cut_at_the_length_limit_gets_the_whole_end_of_turn_in_its_bridge
     ({"a_digits": 1, "b_digits": 1, "num_prompts": 82}, "task.num_prompts"),
     ({"num_prompts": 10, "num_test_prompts": 10}, "task.num_test_prompts"),
     ({"tool_role": ""}, "task.tool_role"), ({"max_turns": 0}, "task.max_turns"),
+    ({"prompt": "What is {a} squared?"}, "task.prompt"), ({"prompt": "{a} * {b} = {c}"}, "task.prompt"),
+    ({"prompt": "{a} * {b} {"}, "task.prompt"),
 ])
 def test_bad_settings_name_the_key(values, field):
     with pytest.raises(ValueError, match=field):
