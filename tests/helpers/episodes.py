@@ -10,10 +10,12 @@
   the same way: an episode whose model turns a test picks.
 - `constant_token_model`: the tiny model with weights set so that greedy sampling writes one
   chosen token at every position: a real engine whose turns a test can predict.
+- `play_on_engine`: one episode of a task's example on a fresh JaxEngine.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 
 import jax.numpy as jnp
@@ -21,7 +23,11 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams, join_outputs
-from jaxrl_async.envs.episode import EpisodeFault, Turn
+from jaxrl_async.engines.jax.config import EngineConfig
+from jaxrl_async.engines.jax.engine import JaxEngine
+from jaxrl_async.envs.episode import EpisodeFault, EpisodeResult, Turn
+from jaxrl_async.envs.task import EpisodeContext, EpisodeTask
+from jaxrl_async.tasks.base import Example, Prompt
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.tokenizer import Tokenizer
@@ -123,3 +129,21 @@ def constant_token_model(cfg: ModelConfig, token_id: int) -> Transformer:
     nnx.replace_by_pure_dict(state, {k: v if isinstance(v, dict) else jnp.asarray(v) for k, v in params.items()})
     nnx.update(model, state)
     return model
+
+
+def play_on_engine(model: Transformer, model_cfg: ModelConfig, tokenizer: Tokenizer, task: EpisodeTask,
+                   example: Example, sampling: SamplingParams,
+                   context: int = 512) -> tuple[Prompt, EngineTurnClient, EpisodeResult]:
+    """One episode of `example` on a fresh one-slot JaxEngine of `model`: (prompt, client, result)."""
+    prompt = task.encoder(tokenizer, tokenizer.chat_template)(example)
+
+    async def main():
+        engine = JaxEngine(model, model_cfg, EngineConfig(num_slots=1, max_len=context, min_bucket=8))
+        await engine.start()
+        try:
+            client = EngineTurnClient(engine, sampling, context)
+            return client, await task.run_episode(prompt, client, EpisodeContext(tokenizer, sampling.stop_token_ids))
+        finally:
+            await engine.stop()
+
+    return (prompt, *asyncio.run(main()))

@@ -2,41 +2,25 @@
 each turn continues the episode's own tokens, the environment's reply is appended as the chat
 template's tokens, and nothing is tokenized twice."""
 
-import asyncio
-
 import pytest
+from flax import nnx
 
 from jaxrl_async.engines.base import SamplingParams
-from jaxrl_async.engines.jax.config import EngineConfig
-from jaxrl_async.engines.jax.engine import JaxEngine
-from jaxrl_async.envs.task import EpisodeContext
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.tasks import build_task
 from jaxrl_async.tokenizer import tiny_tokenizer
-from tests.helpers.episodes import EngineTurnClient, constant_token_model
+from tests.helpers.episodes import constant_token_model, play_on_engine
 
 CFG = ModelConfig.tiny()
 TOK = tiny_tokenizer()
-CONTEXT = 512
 STOPS = CFG.eos_token_ids
 
 
 def play(model, task, secret, sampling):
-    """One episode of the example whose secret is `secret`, on a fresh engine: (prompt, client, result)."""
+    """One episode of the example whose secret is `secret`: (prompt, client, result)."""
     example = next(e for e in task.examples() + task.test_examples() if e.answer == secret)
-    prompt = task.encoder(TOK, TOK.chat_template)(example)
-
-    async def main():
-        engine = JaxEngine(model, CFG, EngineConfig(num_slots=1, max_len=CONTEXT, min_bucket=8))
-        await engine.start()
-        try:
-            client = EngineTurnClient(engine, sampling, CONTEXT)
-            return client, await task.run_episode(prompt, client, EpisodeContext(TOK, STOPS))
-        finally:
-            await engine.stop()
-
-    return (prompt, *asyncio.run(main()))
+    return play_on_engine(model, CFG, TOK, task, example, sampling)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +64,7 @@ def test_a_sampled_episode_is_its_prompt_turns_and_replies_exactly_and_the_repli
     tokens as sampled and the template's rendering of each reply; its turns end on a stop token
     or at the limit, and only the sampled tokens are in the loss."""
     task = build_task({"name": "guess_number", "num_test_prompts": 1, "max_turns": 4, "turn_max_new_tokens": 12})
-    model = Transformer(CFG, rngs=__import__("flax").nnx.Rngs(3))
+    model = Transformer(CFG, rngs=nnx.Rngs(3))
     prompt, client, result = play(model, task, task.examples()[0].answer,
                                   SamplingParams(16, temperature=1.0, seed=0, stop_token_ids=STOPS))
     assert 1 <= len(client.turns) <= 4 and len(client.env_tokens) == len(client.turns) - 1
