@@ -32,7 +32,11 @@ the product.
 
 from __future__ import annotations
 
+import ast
+import operator
 import re
+import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,12 +48,11 @@ from jaxrl_async.tasks.arithmetic import last_number
 from jaxrl_async.tasks.base import Example, HeldOutSplit, Prompt, register_task
 from planner.configs import check
 
-OPEN, CLOSE = "<calc>", "</calc>"
-_CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 _NUMBER = re.compile(r"\s*(-?)\s*(\d+)")
 _OPERATOR = re.compile(r"\s*([-+*x×])")
 MAX_DIGITS = 12  # per number: products of such numbers stay readable
 MAX_OPERANDS = 8
+MAX_CODE_CHARS = 1000  # a Python call's code: bounds the parse
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,8 +65,10 @@ class CalculatorConfig(EnvTaskConfig):
       num_prompts: distinct pairs drawn (training and held-out together)
       num_test_prompts: pairs held out for evaluation; the rest are the training split
       data_seed: draws the pairs (and so which are held out); the run's seed orders training
+      tool: how the model calls the tool (TOOLS): "calc" (<calc>12*34</calc>) or "python" (a
+        ```python block of assignments, print and + - * over whole numbers, never executed)
       prompt: the user message, with {a} and {b} for the factors: how to call the tool (with an
-        example), then the question
+        example), then the question; null = the tool's own (TOOLS[tool].prompt)
       tool_role: the role of the tool's reply message ("user" reads as a turn of the conversation
         to a model tuned on user/assistant chats; "tool" where the chat template knows that role)
     """
@@ -74,8 +79,8 @@ class CalculatorConfig(EnvTaskConfig):
     num_prompts: int = 2000
     num_test_prompts: int = 32
     data_seed: int = 0
-    prompt: str = ("You have a calculator. To use it, write the expression between <calc> and </calc>, "
-                   "for example <calc>12*34</calc>, and I reply with the result.\nWhat is {a} * {b}?")
+    tool: str = "calc"
+    prompt: str | None = None
     tool_role: str = "user"
 
     def __post_init__(self) -> None:
@@ -91,6 +96,9 @@ class CalculatorConfig(EnvTaskConfig):
               "task.num_test_prompts", self.num_test_prompts,
               f"must be >= 0 and leave training pairs: num_prompts={self.num_prompts}")
         check(bool(self.tool_role), "task.tool_role", self.tool_role, "must be a non-empty role name")
+        check(self.tool in TOOLS, "task.tool", self.tool, f"must be one of {sorted(TOOLS)}")
+        if self.prompt is None:
+            return
         try:
             self.prompt.format(a=1, b=2)
         except (KeyError, IndexError, ValueError) as e:
@@ -104,15 +112,14 @@ def _count(digits: int) -> int:
 
 @dataclass(frozen=True)
 class Call:
-    """One tool call as the model wrote it: the expression, and its value or what is wrong with it."""
+    """One tool call as the model wrote it: its code, and the tool's output or what is wrong with it."""
 
-    expression: str
-    value: int | None = None
+    code: str
+    output: str | None = None
     error: str | None = None
 
     def reply_line(self) -> str:
-        shown = self.expression.strip()
-        return f"{shown} = {self.value}" if self.error is None else f"error: {self.error}"
+        return self.output if self.error is None else f"error: {self.error}"
 
 
 def evaluate(expression: str) -> int:
@@ -151,23 +158,104 @@ def evaluate(expression: str) -> int:
     return total
 
 
-def tool_calls(text: str) -> list[Call]:
-    """Every call in a turn, in order; an unclosed `<calc>` at the end is a malformed call."""
-    calls = []
-    for match in _CALL.finditer(text):
-        try:
-            calls.append(Call(match.group(1), value=evaluate(match.group(1))))
-        except ValueError as e:
-            calls.append(Call(match.group(1), error=f"{match.group(1).strip()!r}: {e}"))
-    tail = _CALL.sub("", text)
-    if OPEN in tail:
-        calls.append(Call(tail.split(OPEN, 1)[1], error=f"{OPEN} is not closed by {CLOSE}"))
-    return calls
+@dataclass(frozen=True)
+class ToolSyntax:
+    """How the model writes a call: the marks around its code (regular expressions), what runs the
+    code (its output, or a ValueError), and the default prompt that teaches it with one example."""
+
+    open: str
+    close: str
+    run: Callable[[str], str]
+    prompt: str
+
+    def calls(self, text: str) -> list[Call]:
+        """Every call in a turn, in order; an opening mark left unclosed at the end is a malformed call."""
+        calls = []
+        for match in re.finditer(f"{self.open}(.*?){self.close}", text, re.DOTALL):
+            try:
+                calls.append(Call(match.group(1), output=self.run(match.group(1))))
+            except ValueError as e:
+                calls.append(Call(match.group(1), error=str(e)))
+        unclosed = re.search(f"{self.open}(.*)", self.outside(text), re.DOTALL)
+        if unclosed:
+            calls.append(Call(unclosed.group(1), error="the call is not closed"))
+        return calls
+
+    def outside(self, text: str) -> str:
+        """The turn with its closed calls cut out."""
+        return re.sub(f"{self.open}(.*?){self.close}", "", text, flags=re.DOTALL)
+
+    def final_answer(self, text: str) -> int | None:
+        """The last number of a turn outside its tool calls (an unclosed call's text included)."""
+        return last_number(re.split(self.open, self.outside(text), maxsplit=1)[0])
 
 
-def final_answer(text: str) -> int | None:
-    """The last number of a turn outside its tool calls (an unclosed call's text included)."""
-    return last_number(_CALL.sub("", text).split(OPEN, 1)[0])
+def run_python(code: str) -> str:
+    """A Python block of assignments, `print(...)` and expressions over whole numbers, + - * and
+    the names it assigned, run by walking its syntax tree (never exec/eval): what it prints, else
+    the value of its last bare expression (as a REPL shows it)."""
+    if len(code) > MAX_CODE_CHARS:
+        raise ValueError(f"more than {MAX_CODE_CHARS} characters")
+    try:
+        tree = ast.parse(textwrap.dedent(code).strip())
+    except SyntaxError as e:
+        raise ValueError(f"syntax error: {e.msg}") from None
+    names: dict[str, int] = {}
+    printed: list[int] = []
+    last = None
+    for stmt in tree.body:
+        if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name):
+            names[stmt.targets[0].id] = _value(stmt.value, names)
+        elif (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and isinstance(stmt.value.func, ast.Name)
+              and stmt.value.func.id == "print" and not stmt.value.keywords):
+            printed.append(" ".join(str(_value(arg, names)) for arg in stmt.value.args))
+        elif isinstance(stmt, ast.Expr):
+            last = _value(stmt.value, names)
+        else:
+            raise ValueError(f"{ast.unparse(stmt)!r}: only assignments, print(...) and expressions are allowed")
+    if printed:
+        return "\n".join(printed)
+    return "(no output)" if last is None else str(last)
+
+
+def _value(node: ast.expr, names: dict[str, int]) -> int:
+    """A whole number from constants, assigned names, + - * and a sign; a ValueError otherwise."""
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        if len(str(abs(node.value))) > MAX_DIGITS:
+            raise ValueError(f"a number has more than {MAX_DIGITS} digits")
+        return node.value
+    if isinstance(node, ast.Name) and node.id in names:
+        return names[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _value(node.operand, names)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        value = _BINARY[type(node.op)](_value(node.left, names), _value(node.right, names))
+        if len(str(abs(value))) > MAX_DIGITS * MAX_OPERANDS:
+            raise ValueError("the result is too large")
+        return value
+    raise ValueError(f"{ast.unparse(node)!r} is not whole numbers and + - *")
+
+
+def run_calc(expression: str) -> str:
+    """`evaluate` as the calculator's reply: "12*34 = 408"; its error names the expression."""
+    try:
+        return f"{expression.strip()} = {evaluate(expression)}"
+    except ValueError as e:
+        raise ValueError(f"{expression.strip()!r}: {e}") from None
+
+
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+TOOLS = {
+    "calc": ToolSyntax(
+        re.escape("<calc>"), re.escape("</calc>"), run_calc,
+        "You have a calculator. To use it, write the expression between <calc> and </calc>, for example "
+        "<calc>12*34</calc>, and I reply with the result.\nWhat is {a} * {b}?"),
+    "python": ToolSyntax(
+        r"```(?:python|py)?", "```", run_python,
+        "You can run Python: write a code block, for example\n```python\nprint(12*34)\n```\nand I reply "
+        "with what it prints.\nWhat is {a} * {b}?"),
+}
 
 
 @register_task
@@ -184,22 +272,30 @@ class CalculatorTask(HeldOutSplit, ChatEnvTask):
         return [(10 ** (cfg.a_digits - 1) + int(i) // nb, 10 ** (cfg.b_digits - 1) + int(i) % nb) for i in drawn]
 
     def make_examples(self, pairs: list[tuple[int, int]], split: str) -> list[Example]:
-        return [Example(f"calculator-{a}*{b}", self.cfg.prompt.format(a=a, b=b), a * b,
+        return [Example(f"calculator-{a}*{b}", self.question.format(a=a, b=b), a * b,
                         {"split": split, "a": a, "b": b, "product": a * b}) for a, b in pairs]
+
+    @property
+    def syntax(self) -> ToolSyntax:
+        return TOOLS[self.cfg.tool]
+
+    @property
+    def question(self) -> str:
+        return self.syntax.prompt if self.cfg.prompt is None else self.cfg.prompt
 
     def reset(self, prompt: Prompt) -> int:
         return int(prompt.answer)
 
     def step(self, state: int, messages: list[dict[str, Any]]) -> EnvReply:
-        calls = tool_calls(messages[-1]["content"])
+        calls = self.syntax.calls(messages[-1]["content"])
         if not calls:
             return EnvReply([], done=True)
         return EnvReply([{"role": self.cfg.tool_role, "content": "\n".join(c.reply_line() for c in calls)}])
 
     def score_episode(self, state: int, messages: list[dict[str, Any]]) -> EpisodeResult:
         turns = [m["content"] for m in messages if m["role"] == "assistant"]
-        calls = [c for text in turns for c in tool_calls(text)]
-        answer = final_answer(turns[-1]) if turns else None
+        calls = [c for text in turns for c in self.syntax.calls(text)]
+        answer = self.syntax.final_answer(turns[-1]) if turns else None
         correct = float(answer == state)
         return EpisodeResult(reward=correct, terms={"correct": correct, "tool_calls": float(len(calls)),
                                                     "tool_errors": float(sum(c.error is not None for c in calls))},

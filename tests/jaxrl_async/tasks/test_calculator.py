@@ -8,11 +8,12 @@ import pytest
 from jaxrl_async.envs.episode import EpisodeResult
 from jaxrl_async.envs.task import EnvReply, EpisodeContext
 from jaxrl_async.tasks import build_task
-from jaxrl_async.tasks.calculator import MAX_DIGITS, MAX_OPERANDS, Call, evaluate, final_answer, tool_calls
+from jaxrl_async.tasks.calculator import MAX_DIGITS, MAX_OPERANDS, TOOLS, Call, evaluate, run_python
 from jaxrl_async.tokenizer import tiny_tokenizer
 from tests.helpers.episodes import ScriptedTurnClient
 
 TOK = tiny_tokenizer()
+CALC, PYTHON = TOOLS["calc"], TOOLS["python"]
 IM_END = TOK.token_to_id("<|im_end|>")
 
 
@@ -35,20 +36,50 @@ def test_evaluate_refuses_anything_but_whole_numbers_and_plus_minus_times(expres
         evaluate(expression)
 
 
-def test_tool_calls_reads_every_call_in_order_and_an_unclosed_one_as_malformed():
-    calls = tool_calls("First <calc>12*3</calc>, then <calc>1/0</calc> and <calc>4 * 4")
-    assert [c.value for c in calls] == [36, None, None]
+def test_calls_are_read_in_order_and_an_unclosed_one_is_malformed():
+    calls = CALC.calls("First <calc>12*3</calc>, then <calc>1/0</calc> and <calc>4 * 4")
+    assert [c.output for c in calls] == ["12*3 = 36", None, None]
     assert calls[1].error.startswith("'1/0': unexpected")
-    assert calls[2].error == "<calc> is not closed by </calc>"
-    assert tool_calls("The answer is 408.") == []
-    assert Call("12*34", value=408).reply_line() == "12*34 = 408"
+    assert calls[2] == Call("4 * 4", error="the call is not closed")
+    assert CALC.calls("The answer is 408.") == []
+    assert Call("12*34", output="12*34 = 408").reply_line() == "12*34 = 408"
 
 
 def test_the_final_answer_is_the_last_number_outside_the_tool_calls():
-    assert final_answer("<calc>12*34</calc> so 408, I think") == 408
-    assert final_answer("It is 408 <calc>12*34</calc>") == 408  # never the call's own numbers
-    assert final_answer("<calc>56088</calc>") is None
-    assert final_answer("It is 408 <calc>12*34") == 408  # an unclosed call's text is a call too
+    assert CALC.final_answer("<calc>12*34</calc> so 408, I think") == 408
+    assert CALC.final_answer("It is 408 <calc>12*34</calc>") == 408  # never the call's own numbers
+    assert CALC.final_answer("<calc>56088</calc>") is None
+    assert CALC.final_answer("It is 408 <calc>12*34") == 408  # an unclosed call's text is a call too
+    assert PYTHON.final_answer("So 408.\n```python\nprint(12*34)\n```") == 408
+
+
+@pytest.mark.parametrize("code, output", [
+    ("print(12*34)", "408"), ("result = 230 * 868\nprint(result)", "199640"), ("12*34", "408"),
+    ("a = 3\nb = a * 4 - 2\nb", "10"), ("print(1 + 2)\nprint(-3)", "3\n-3"), ("x = 1", "(no output)"),
+    ("\n    print(2 * 3)\n", "6"), ("print(2, 3)", "2 3"),
+])
+def test_a_python_block_runs_by_walking_its_syntax_tree(code, output):
+    assert run_python(code) == output
+
+
+@pytest.mark.parametrize("code, reason", [
+    ("import os", "only assignments"), ("print(__import__('os').getcwd())", "is not whole numbers"),
+    ("print(math.pow(12, 34))", "is not whole numbers"), ("print(12 / 34)", "is not whole numbers"),
+    ("2 ** 100", "is not whole numbers"), ("print(y)", "is not whole numbers"), ("print(1.5)", "is not whole numbers"),
+    ("print(True)", "is not whole numbers"), ("for i in range(3): print(i)", "only assignments"),
+    ("print(12*", "syntax error"), ("9" * (MAX_DIGITS + 1), "more than"),
+    ("x = 999999999999\nx = x*x*x*x*x*x*x*x*x", "too large"), ("1+" * 600 + "1", "more than 1000 characters"),
+])
+def test_a_python_block_refuses_anything_but_whole_number_arithmetic(code, reason):
+    with pytest.raises(ValueError, match=reason):
+        run_python(code)
+
+
+def test_python_blocks_are_calls_with_or_without_the_language_tag():
+    text = "Let me compute.\n```python\nprint(12*34)\n```\nand\n```\n2+2\n```\n```py\nimport os\n```"
+    assert [c.reply_line() for c in PYTHON.calls(text)] == [
+        "408", "4", "error: 'import os': only assignments, print(...) and expressions are allowed"]
+    assert PYTHON.calls("```python\nprint(1)")[0].error == "the call is not closed"
 
 
 def test_every_pair_is_in_exactly_one_split_and_the_entry_names_it():
@@ -59,7 +90,7 @@ def test_every_pair_is_in_exactly_one_split_and_the_entry_names_it():
     for e in train + test:
         a, b = e.meta["a"], e.meta["b"]
         assert 100 <= a <= 999 and 100 <= b <= 999 and e.answer == e.meta["product"] == a * b
-        assert e.content.endswith(f"What is {a} * {b}?") and "<calc>" in e.content
+        assert e.content == CALC.prompt.format(a=a, b=b)
     assert {e.meta["split"] for e in test} == {"test"}
     again = build_task({"name": "calculator", "num_prompts": 50, "num_test_prompts": 10})
     assert again.split_examples("test") == test  # data_seed fixes the draw
@@ -165,7 +196,7 @@ def test_a_turn_cut_at_the_length_limit_gets_the_whole_end_of_turn_in_its_bridge
     ({"num_prompts": 10, "num_test_prompts": 10}, "task.num_test_prompts"),
     ({"tool_role": ""}, "task.tool_role"), ({"max_turns": 0}, "task.max_turns"),
     ({"prompt": "What is {a} squared?"}, "task.prompt"), ({"prompt": "{a} * {b} = {c}"}, "task.prompt"),
-    ({"prompt": "{a} * {b} {"}, "task.prompt"),
+    ({"prompt": "{a} * {b} {"}, "task.prompt"), ({"tool": "shell"}, "task.tool"),
 ])
 def test_bad_settings_name_the_key(values, field):
     with pytest.raises(ValueError, match=field):
