@@ -1,24 +1,32 @@
 """`calculator`: multi-digit products that need a tool; the model calls it and reads the result.
 
-A 135M model cannot multiply 3-digit numbers in its head (SmolLM2-135M-Instruct gets 0 of the
-held-out products right without the tool), but it can copy a number: an episode where it writes
-`<calc>123*456</calc>`, reads the environment's "123*456 = 56088" and answers 56088 scores 1.0.
-The skill the recipe (`+experiment=smollm2_calculator`) trains is calling the tool. Measured
-greedy on 8 held-out prompts (3 turns of 32-40 tokens): with the question first and the tool's
-description after it (four wordings), the model wrote no call (0/8; it writes "314 * 935 =" and a
-wrong product); with the description first (the default `prompt`), 1/8 episodes held a
-(malformed) call. Reward 0/8 in every case.
+A 135M model cannot multiply 3-digit numbers in its head, but it can copy a number: an episode
+where it writes a call for 123*456, reads the environment's reply 56088 and answers 56088 scores
+1.0. The skill the recipe (`+experiment=smollm2_calculator`) trains is calling the tool and then
+answering with what it returned.
+
+Two ways to call it (`tool`, TOOLS), each taught by its default prompt with one example:
+- "python" (default): a fenced ```python block of assignments, `print(...)` and expressions over
+  whole numbers with + - *, e.g. `print(123*456)`; the reply is what it prints (else the value
+  of its last expression). It is run by walking its syntax tree (`ast.parse`, never exec/eval):
+  any other statement, name, call or operator is an error.
+- "calc": `<calc>123*456</calc>`; the reply is "123*456 = 56088". The expression is parsed by
+  hand: whole numbers (a leading minus allowed) joined by + - * (`x`, `×` read as *), * first.
+Both bound the work: at most `MAX_OPERANDS` numbers of `MAX_DIGITS` digits per calc expression,
+`MAX_CODE_CHARS` of code and results of at most MAX_DIGITS x MAX_OPERANDS digits per block.
+
+Why python is the default, measured on SmolLM2-135M-Instruct, greedy, the first 8 held-out
+prompts, 3 turns of at most 40 tokens: with `<calc>` (six wordings, question first or last) the
+model wrote a call in at most 1 of 8 episodes, malformed, and scored 0/8 — it writes
+"314 * 935 = " and a wrong product; with the python prompt it wrote a block in 8 of 8, the right
+product in 5 of 8 first turns, and scored 2/8: it keeps calling the tool after the result came
+back (e.g. `math.factorial(293590)`), which is what training has to remove.
 
 The episode (envs/task.py `ChatEnvTask`): each model turn that writes one or more calls gets one
-reply (role `tool_role`) with a line per call, the result or an error; a turn without a call is
-the final answer and ends the episode, as does the `max_turns`-th turn. A malformed call (an
-unclosed `<calc>`, or an expression that is not whole numbers joined by + - *) is the model's
-mistake, not the environment's: its line says what is wrong and the episode goes on.
-
-Safe evaluation: the expression is parsed, never `eval`ed — whole numbers (a leading minus
-allowed) joined by `+`, `-` and `*` (`x` and `×` read as `*`), `*` binding tighter, at most
-`MAX_OPERANDS` numbers of at most `MAX_DIGITS` digits, so a result is never huge. No parentheses,
-no division: the task needs neither.
+reply (role `tool_role`) with a line per call, the output or an error; a turn without a call is
+the final answer and ends the episode, as does the `max_turns`-th turn. A malformed call (one left
+unclosed, often cut at the turn's token limit, or code the tool refuses) is the model's mistake,
+not the environment's: its line says what is wrong and the episode goes on.
 
 Reward: 1.0 when the last number of the last assistant turn, with its tool calls cut out (so a
 call is never read as the answer), equals the product; else 0.0. Rubric terms: `correct`,
@@ -26,8 +34,8 @@ call is never read as the answer), equals the product; else 0.0. Rubric terms: `
 
 Data: `num_prompts` distinct pairs (a, b), a of `a_digits` digits and b of `b_digits`, drawn once
 by `data_seed`, each asked in the words of `prompt`; the first `num_test_prompts` are the
-held-out split (`python -m jaxrl_async.eval`), the rest the training split. An example's `meta` (samples.jsonl's `entry`) is its split, a, b and
-the product.
+held-out split (`python -m jaxrl_async.eval`), the rest the training split. An example's `meta`
+(samples.jsonl's `entry`) is its split, a, b and the product.
 """
 
 from __future__ import annotations
@@ -65,8 +73,8 @@ class CalculatorConfig(EnvTaskConfig):
       num_prompts: distinct pairs drawn (training and held-out together)
       num_test_prompts: pairs held out for evaluation; the rest are the training split
       data_seed: draws the pairs (and so which are held out); the run's seed orders training
-      tool: how the model calls the tool (TOOLS): "calc" (<calc>12*34</calc>) or "python" (a
-        ```python block of assignments, print and + - * over whole numbers, never executed)
+      tool: how the model calls the tool (TOOLS): "python" (a ```python block of assignments,
+        print and + - * over whole numbers, never executed) or "calc" (<calc>12*34</calc>)
       prompt: the user message, with {a} and {b} for the factors: how to call the tool (with an
         example), then the question; null = the tool's own (TOOLS[tool].prompt)
       tool_role: the role of the tool's reply message ("user" reads as a turn of the conversation
@@ -79,7 +87,7 @@ class CalculatorConfig(EnvTaskConfig):
     num_prompts: int = 2000
     num_test_prompts: int = 32
     data_seed: int = 0
-    tool: str = "calc"
+    tool: str = "python"
     prompt: str | None = None
     tool_role: str = "user"
 

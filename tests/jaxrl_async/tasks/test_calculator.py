@@ -90,7 +90,7 @@ def test_every_pair_is_in_exactly_one_split_and_the_entry_names_it():
     for e in train + test:
         a, b = e.meta["a"], e.meta["b"]
         assert 100 <= a <= 999 and 100 <= b <= 999 and e.answer == e.meta["product"] == a * b
-        assert e.content == CALC.prompt.format(a=a, b=b)
+        assert e.content == PYTHON.prompt.format(a=a, b=b)  # the default tool's prompt
     assert {e.meta["split"] for e in test} == {"test"}
     again = build_task({"name": "calculator", "num_prompts": 50, "num_test_prompts": 10})
     assert again.split_examples("test") == test  # data_seed fixes the draw
@@ -106,19 +106,19 @@ def conversation(*turns: str) -> list[dict]:
 
 
 def test_step_answers_a_call_with_its_result_and_ends_on_a_turn_without_one():
-    task = build_task({"name": "calculator"})
+    task = build_task({"name": "calculator", "tool": "calc"})
     assert task.step(56088, conversation("<calc>123*456</calc>")) == EnvReply(
         [{"role": "user", "content": "123*456 = 56088"}])
     both = task.step(56088, conversation("<calc>123*456</calc> <calc>2+</calc>"))
     assert both.messages[0]["content"] == "123*456 = 56088\nerror: '2+': expected a number at the end"
     assert not both.done  # a malformed call is the model's mistake: the episode goes on
     assert task.step(56088, conversation("The answer is 56088.")) == EnvReply([], done=True)
-    assert build_task({"name": "calculator", "tool_role": "tool"}).step(
+    assert build_task({"name": "calculator", "tool": "calc", "tool_role": "tool"}).step(
         1, conversation("<calc>1</calc>")).messages[0]["role"] == "tool"
 
 
 def test_score_counts_the_calls_and_rewards_the_final_number_only():
-    task = build_task({"name": "calculator"})
+    task = build_task({"name": "calculator", "tool": "calc"})
     good = task.score_episode(56088, conversation("<calc>123*456</calc>", "123*456 = 56088", "It is 56088."))
     assert (good.reward, good.terms, good.extracted_answer) == (
         1.0, {"correct": 1.0, "tool_calls": 1.0, "tool_errors": 0.0}, "56088")
@@ -139,7 +139,7 @@ def play(task, example, texts, stop=IM_END):
 
 
 def test_a_tool_using_episode_scores_one_and_its_tokens_are_the_turns_and_the_tool_reply():
-    task = build_task({"name": "calculator", "num_prompts": 10, "num_test_prompts": 2})
+    task = build_task({"name": "calculator", "tool": "calc", "num_prompts": 10, "num_test_prompts": 2})
     example = task.examples()[0]
     a, b = example.meta["a"], example.meta["b"]
     prompt, client, result = play(task, example, [f"<calc>{a}*{b}</calc>", f"The answer is {a * b}."])
@@ -161,8 +161,22 @@ def test_a_tool_using_episode_scores_one_and_its_tokens_are_the_turns_and_the_to
     assert TOK.decode(client.token_ids, skip_special_tokens=False) == rendered.removesuffix("\n")
 
 
-def test_a_wrong_episode_scores_zero_and_a_malformed_call_gets_an_error_back():
+def test_a_python_episode_that_prints_the_product_and_answers_it_scores_one():
     task = build_task({"name": "calculator", "num_prompts": 10, "num_test_prompts": 2})
+    example = task.examples()[0]
+    a, b = example.meta["a"], example.meta["b"]
+    prompt, client, result = play(task, example, [f"Let me compute.\n```python\nprint({a} * {b})\n```",
+                                                  f"So {a} * {b} = {a * b}."])
+    assert result.reward == 1.0 and result.terms == {"correct": 1.0, "tool_calls": 1.0, "tool_errors": 0.0}
+    assert TOK.decode(client.env_tokens[0], skip_special_tokens=False) == (
+        f"\n<|im_start|>user\n{a * b}<|im_end|>\n<|im_start|>assistant\n")
+    _, _, again = play(task, example, [f"```python\nprint(math.prod([{a}, {b}]))\n```", "I cannot tell."])
+    assert again.reward == 0.0 and again.terms == {"correct": 0.0, "tool_calls": 1.0, "tool_errors": 1.0}
+    assert again.messages[2]["content"].startswith("error: 'math.prod(")
+
+
+def test_a_wrong_episode_scores_zero_and_a_malformed_call_gets_an_error_back():
+    task = build_task({"name": "calculator", "tool": "calc", "num_prompts": 10, "num_test_prompts": 2})
     example = task.examples()[0]
     a, b = example.meta["a"], example.meta["b"]
     _, _, result = play(task, example, [f"<calc>{a}/{b}</calc>", f"<calc>{a}+{b}</calc>", f"It is {a + b}."])
@@ -173,7 +187,7 @@ def test_a_wrong_episode_scores_zero_and_a_malformed_call_gets_an_error_back():
 
 
 def test_the_episode_ends_after_max_turns_even_while_the_model_calls_the_tool():
-    task = build_task({"name": "calculator", "max_turns": 2, "num_prompts": 10, "num_test_prompts": 2})
+    task = build_task({"name": "calculator", "tool": "calc", "max_turns": 2, "num_prompts": 10, "num_test_prompts": 2})
     example = task.examples()[0]
     a, b = example.meta["a"], example.meta["b"]
     _, client, result = play(task, example, [f"<calc>{a}*{b}</calc>", f"<calc>{a}*{b}</calc>", "unused"])
@@ -182,7 +196,7 @@ def test_the_episode_ends_after_max_turns_even_while_the_model_calls_the_tool():
 
 
 def test_a_turn_cut_at_the_length_limit_gets_the_whole_end_of_turn_in_its_bridge():
-    task = build_task({"name": "calculator", "num_prompts": 10, "num_test_prompts": 2})
+    task = build_task({"name": "calculator", "tool": "calc", "num_prompts": 10, "num_test_prompts": 2})
     example = task.examples()[0]
     a, b = example.meta["a"], example.meta["b"]
     _, client, result = play(task, example, [f"<calc>{a}*{b}</calc>", f"{a * b}"], stop=None)
