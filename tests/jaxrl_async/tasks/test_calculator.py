@@ -75,6 +75,11 @@ def test_a_python_block_refuses_anything_but_whole_number_arithmetic(code, reaso
         run_python(code)
 
 
+def test_an_error_line_quotes_at_most_a_few_dozen_characters_of_the_code():
+    with pytest.raises(ValueError, match=r"^'import os, sys, json, math, random, time\.\.\.': only assignments"):
+        run_python("import os, sys, json, math, random, time, subprocess, shutil")
+
+
 def test_python_blocks_are_calls_with_or_without_the_language_tag():
     text = "Let me compute.\n```python\nprint(12*34)\n```\nand\n```\n2+2\n```\n```py\nimport os\n```"
     assert [c.reply_line() for c in PYTHON.calls(text)] == [
