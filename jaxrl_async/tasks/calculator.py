@@ -61,6 +61,7 @@ _OPERATOR = re.compile(r"\s*([-+*x×])")
 MAX_DIGITS = 12  # per number: products of such numbers stay readable
 MAX_OPERANDS = 8
 MAX_CODE_CHARS = 1000  # a Python call's code: bounds the parse
+QUOTE_CHARS = 40  # of the code an error line quotes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -220,7 +221,7 @@ def run_python(code: str) -> str:
         elif isinstance(stmt, ast.Expr):
             last = _value(stmt.value, names)
         else:
-            raise ValueError(f"{ast.unparse(stmt)!r}: only assignments, print(...) and expressions are allowed")
+            raise ValueError(f"{_quote(ast.unparse(stmt))}: only assignments, print(...) and expressions are allowed")
     if printed:
         return "\n".join(printed)
     return "(no output)" if last is None else str(last)
@@ -242,7 +243,7 @@ def _value(node: ast.expr, names: dict[str, int]) -> int:
         if len(str(abs(value))) > MAX_DIGITS * MAX_OPERANDS:
             raise ValueError("the result is too large")
         return value
-    raise ValueError(f"{ast.unparse(node)!r} is not whole numbers and + - *")
+    raise ValueError(f"{_quote(ast.unparse(node))} is not whole numbers and + - *")
 
 
 def run_calc(expression: str) -> str:
@@ -250,7 +251,12 @@ def run_calc(expression: str) -> str:
     try:
         return f"{expression.strip()} = {evaluate(expression)}"
     except ValueError as e:
-        raise ValueError(f"{expression.strip()!r}: {e}") from None
+        raise ValueError(f"{_quote(expression.strip())}: {e}") from None
+
+
+def _quote(code: str) -> str:
+    """Code as an error line quotes it: at most QUOTE_CHARS, so a reply stays short."""
+    return repr(code if len(code) <= QUOTE_CHARS else code[:QUOTE_CHARS] + "...")
 
 
 _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
