@@ -41,6 +41,7 @@ held-out split (`python -m jaxrl_async.eval`), the rest the training split. An e
 from __future__ import annotations
 
 import ast
+import math
 import operator
 import re
 import textwrap
@@ -150,21 +151,15 @@ def evaluate(expression: str) -> int:
         pos = number.end()
         if not text[pos:].strip():
             break
-        operator = _OPERATOR.match(text, pos)
-        if operator is None:
+        op = _OPERATOR.match(text, pos)
+        if op is None:
             raise ValueError(f"unexpected {text[pos:].strip()[:12]!r}: only whole numbers and + - * are allowed")
-        pos = operator.end()
-        if operator.group(1) == "+":
+        pos = op.end()
+        if op.group(1) == "+":
             terms.append([])
-        elif operator.group(1) == "-":
+        elif op.group(1) == "-":
             terms.append([-1])  # a - b is a + (-1 * b)
-    total = 0
-    for factors in terms:
-        product = 1
-        for f in factors:
-            product *= f
-        total += product
-    return total
+    return sum(math.prod(factors) for factors in terms)
 
 
 @dataclass(frozen=True)
