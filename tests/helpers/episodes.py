@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 
 import jax.numpy as jnp
@@ -27,9 +28,9 @@ from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.engine import JaxEngine
 from jaxrl_async.envs.episode import EpisodeFault, EpisodeResult, Turn
 from jaxrl_async.envs.task import EpisodeContext, EpisodeTask
-from jaxrl_async.tasks.base import Example, Prompt
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
+from jaxrl_async.tasks.base import Example, Prompt
 from jaxrl_async.tokenizer import Tokenizer
 
 
@@ -77,7 +78,7 @@ class EngineTurnClient(RecordingClient):
     async def generate(self, token_ids: list[int], *, max_new_tokens: int | None = None) -> Turn:
         budget = self.extend(token_ids, max_new_tokens or self.sampling.max_new_tokens)
         request_id = f"episode-turn-{next(self._ids)}"
-        sampling = SamplingParams(**{**self.sampling.__dict__, "max_new_tokens": budget, "n": 1})
+        sampling = dataclasses.replace(self.sampling, max_new_tokens=budget, n=1)
         await self.engine.submit(GenerationRequest(request_id, list(token_ids), sampling))
         pieces = []
         async for out in self.engine.outputs():
