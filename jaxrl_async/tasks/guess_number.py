@@ -13,6 +13,13 @@ Reward: 1.0 when the secret is found, plus `turn_bonus` × (turns left unplayed)
 with `turn_bonus` > 0 finding it sooner scores more (0.0 by default: found or not). Rubric terms:
 `found`, `guesses` (valid guesses) and `invalid` (turns without a valid guess).
 
+SmolLM2-135M-Instruct does not play it (greedy, 4 held-out secrets, 8 turns of 16 tokens): it
+answers "I'm ready to help. What number would you like to guess?", taking the user's part, and
+then repeats the reply's 100 ("The number 100 is a special number ...", a valid guess of 100):
+found 0/4 with the default `prompt`, which at least draws numbers (28 guesses, 4 invalid turns);
+with the question opening "I am thinking of a whole number" no turn held a number (32 invalid).
+The game is here for models that can search, and for the episode machinery's tests.
+
 Data: every secret in [lo, hi] is one example, shuffled once by `data_seed`; the first
 `num_test_prompts` are the held-out split, the rest the training split. Every prompt reads the
 same (the secret is not in it), so the held-out split measures the search on secrets training
@@ -43,7 +50,7 @@ class GuessNumberConfig(EnvTaskConfig):
       num_test_prompts: secrets held out for evaluation; the rest are the training split
       data_seed: shuffles the secrets (which are held out); the run's seed orders training
       turn_bonus: added to a found episode's 1.0, times the share of max_turns left unplayed
-      instruction: appended to the question (after a space)
+      prompt: the user message that opens the game, with {lo} and {hi} for the range
     """
 
     max_turns: int = 8
@@ -52,8 +59,8 @@ class GuessNumberConfig(EnvTaskConfig):
     num_test_prompts: int = 20
     data_seed: int = 0
     turn_bonus: float = 0.0
-    instruction: str = ("Guess it: answer with one number. I will tell you if the number is higher or lower, "
-                        "until you find it.")
+    prompt: str = ("Guess my secret number from {lo} to {hi}. Reply with one number only. After each guess "
+                   "I tell you whether my number is higher or lower.")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,6 +71,10 @@ class GuessNumberConfig(EnvTaskConfig):
               "task.num_test_prompts", self.num_test_prompts,
               f"must be >= 0 and leave training secrets: there are {secrets} in [{self.lo}, {self.hi}]")
         check(self.turn_bonus >= 0, "task.turn_bonus", self.turn_bonus, "must be >= 0")
+        try:
+            self.prompt.format(lo=self.lo, hi=self.hi)
+        except (KeyError, IndexError, ValueError) as e:
+            check(False, "task.prompt", self.prompt, f"must be a text whose only fields are {{lo}} and {{hi}} ({e!r})")
 
 
 @register_task
@@ -79,7 +90,7 @@ class GuessNumberTask(HeldOutSplit, ChatEnvTask):
 
     def make_examples(self, secrets: list[int], split: str) -> list[Example]:
         cfg = self.cfg
-        content = f"I am thinking of a whole number from {cfg.lo} to {cfg.hi}. {cfg.instruction}"
+        content = cfg.prompt.format(lo=cfg.lo, hi=cfg.hi)
         return [Example(f"guess_number-{s}", content, s, {"split": split, "secret": s, "lo": cfg.lo, "hi": cfg.hi})
                 for s in secrets]
 
