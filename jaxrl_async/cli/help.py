@@ -24,9 +24,11 @@ HELP_NODES = {
     "cluster/ray": "jaxrl_async.cluster.ray.config:RayClusterConfig",
     "cluster/slurm": "jaxrl_async.cluster.config:ProcessConfig",
     "task/arithmetic": "jaxrl_async.tasks.arithmetic:ArithmeticConfig",
+    "task/calculator": "jaxrl_async.tasks.calculator:CalculatorConfig",
     "task/custom": "jaxrl_async.tasks.custom:CustomConfig",
     "task/gsm8k": "jaxrl_async.tasks.gsm8k:GSM8KConfig",
     "task/reasoning_gym": "jaxrl_async.tasks.reasoning_gym:ReasoningGymConfig",
+    "task/guess_number": "jaxrl_async.tasks.guess_number:GuessNumberConfig",
     "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
     "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
 }

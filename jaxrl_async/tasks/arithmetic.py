@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from jaxrl_async.tasks.base import Example, Prompt, Task, TaskConfig, register_task
+from jaxrl_async.tasks.base import Example, HeldOutSplit, Prompt, TaskConfig, register_task
 from planner.configs import check
 
 OPERATIONS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
@@ -67,29 +67,22 @@ def last_number(text: str) -> int | None:
 
 
 @register_task
-class ArithmeticTask(Task):
+class ArithmeticTask(HeldOutSplit):
     name = "arithmetic"
     config_class = ArithmeticConfig
+    items_name = "pairs"
     cfg: ArithmeticConfig
 
-    def _pairs(self) -> list[tuple[int, int]]:
+    def items(self) -> list[tuple[int, int]]:
         cfg = self.cfg
         pairs = list(itertools.product(range(cfg.min_operand, cfg.max_operand + 1), repeat=2))
         order = np.random.default_rng(cfg.data_seed).permutation(len(pairs))
         return [pairs[i] for i in order]
 
-    def _examples(self, pairs: list[tuple[int, int]], split: str) -> list[Example]:
+    def make_examples(self, pairs: list[tuple[int, int]], split: str) -> list[Example]:
         op, fn = self.cfg.operation, OPERATIONS[self.cfg.operation]
         return [Example(f"arithmetic-{a}{op}{b}", f"What is {a} {op} {b}? {self.cfg.instruction}", fn(a, b),
                         {"split": split}) for a, b in pairs]
-
-    def examples(self) -> list[Example]:
-        return self._examples(self._pairs()[self.cfg.num_test_prompts:], "train")
-
-    def test_examples(self) -> list[Example]:
-        if not self.cfg.num_test_prompts:
-            raise ValueError("task.num_test_prompts=0: no pairs are held out for split=test")
-        return self._examples(self._pairs()[: self.cfg.num_test_prompts], "test")
 
     async def score(self, prompt: Prompt, completion_text: str, completion_ids: list[int]) -> float:
         return float(last_number(completion_text) == prompt.answer)

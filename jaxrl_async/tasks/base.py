@@ -181,6 +181,32 @@ class Task(abc.ABC):
         return encode
 
 
+class HeldOutSplit(Task):
+    """A task whose items (operand pairs, secrets, ...) come in one order fixed by its data seed:
+    the first `cfg.num_test_prompts` are the held-out split, the rest the training split, so no
+    training prompt is ever scored by `python -m jaxrl_async.eval`. Subclasses implement `items`
+    and `make_examples`, and their config has `num_test_prompts`; `items_name` names the items
+    in the no-split error."""
+
+    items_name: ClassVar[str] = "items"
+
+    @abc.abstractmethod
+    def items(self) -> list[Any]:
+        """Every item, in the seeded order (the same on every call)."""
+
+    @abc.abstractmethod
+    def make_examples(self, items: list[Any], split: str) -> list[Example]:
+        """The examples of `items`, which belong to `split`."""
+
+    def examples(self) -> list[Example]:
+        return self.make_examples(self.items()[self.cfg.num_test_prompts:], "train")
+
+    def test_examples(self) -> list[Example]:
+        if not self.cfg.num_test_prompts:
+            raise ValueError(f"task.num_test_prompts=0: no {self.items_name} are held out for split=test")
+        return self.make_examples(self.items()[: self.cfg.num_test_prompts], "test")
+
+
 TASKS: dict[str, type[Task]] = {}
 
 
