@@ -51,8 +51,10 @@ class GuessDigitData(vf.TaskData):
 class GuessDigitTask(vf.Task[GuessDigitData, vf.State, vf.TaskConfig]):
     @vf.reward(weight=0.0)
     async def guessed_first(self, task: GuessDigitData, trace: vf.Trace) -> float:
-        """A zero-weight term (reported, not rewarded): the first guess was right."""
-        return float(trace.info.get("guesses", [None])[:1] == [task.secret])
+        """A zero-weight term (reported, not rewarded): the first guess was right. Task rewards run
+        when the rollout closes, before `GuessDigitEnv.run` records its own; they read the trace."""
+        replies = [m.content or "" for m in trace.branches[-1].messages if m.role == "assistant"] if trace.branches else []
+        return float(bool(replies) and parse_guess(replies[0]) == task.secret)
 
 
 class GuessDigitEnvConfig(vf.EnvConfig):

@@ -27,6 +27,7 @@ HELP_NODES = {
     "task/gsm8k": "jaxrl_async.tasks.gsm8k:GSM8KConfig",
     "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
     "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
+    "task/verifiers": "jaxrl_async.tasks.verifiers_env:VerifiersConfig",
 }
 MODEL_SPEC = "jaxrl_async.models.config:ModelSpec"  # conf/model/*.yaml: no defaults node
 

@@ -148,9 +148,10 @@ class VerifiersTask(EpisodeTask):
             return self.vf.load_environment(config)
         except ValidationError as e:
             raise LoadFault(_validation_line(e, self.cfg.env, args_key)) from None
-        except ModuleNotFoundError as e:
-            raise LoadFault(f"task.env={self.cfg.env!r}: no such environment module ({e.msg.split('.')[0]}); "
-                            "install it or put its folder on PYTHONPATH") from None
+        except ModuleNotFoundError as e:  # the env's module, or one it imports (its own dependency)
+            missing = getattr(e.__cause__, "name", None) or e.name or self.cfg.env
+            raise LoadFault(f"task.env={self.cfg.env!r}: no module named {missing!r} (install it, or put its "
+                            "folder on PYTHONPATH)") from None
         except Exception as e:  # the environment's own code ran at import or construction
             raise LoadFault(f"task.env={self.cfg.env!r}: the environment raised at load: "
                             f"{type(e).__name__}: {_first_line(e)}") from None
