@@ -36,8 +36,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import importlib.util
 import logging
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -69,8 +71,9 @@ class VerifiersConfig(EnvTaskConfig):
         (e.g. {split: test}); null: the last test_share of the rows.
       test_share: with test_env_args null, the share of the rows (the last ones) held out, in (0, 1).
       max_tasks: most rows read from the taskset (bounds an infinite one).
-      renderer_model: required: the tokenizer verifiers renders turns with (a HF directory or hub
-        id: the policy model's tokenizer).
+      renderer_model: the tokenizer verifiers renders turns with (a HF directory or hub id, the
+        policy model's); "": the run's own tokenizer and chat template, written out as a HF
+        directory for the run's lifetime.
       renderer: verifiers' `TrainClientConfig.renderer` (a `renderers.RendererConfig`, e.g.
         {name: default}); null: chosen from renderer_model.
     """
@@ -90,8 +93,6 @@ class VerifiersConfig(EnvTaskConfig):
         check(0.0 < self.test_share < 1.0, "task.test_share", self.test_share, "must be in (0, 1)")
         check(isinstance(self.max_tasks, int) and self.max_tasks >= 1, "task.max_tasks", self.max_tasks,
               "must be an int >= 1")
-        check(bool(self.renderer_model), "task.renderer_model", self.renderer_model,
-              "verifiers renders turns with a HF tokenizer: name the policy model's (a directory or hub id)")
         check("taskset" not in self.env_config, "task.env_config.taskset", self.env_config.get("taskset"),
               "the taskset is task.env with task.env_args")
 
@@ -131,6 +132,7 @@ class VerifiersTask(EpisodeTask):
             self._envs["test"] = self._load({**cfg.env_args, **cfg.test_env_args}, "task.test_env_args")
         self._tasks: dict[str, list[Any]] = {}
         self._renderer: Any = None
+        self._own_tokenizer: tempfile.TemporaryDirectory | None = None  # renderer_model "": the run's, written out
         self._endpoint: Any = None
         self._stack: contextlib.AsyncExitStack | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -192,6 +194,16 @@ class VerifiersTask(EpisodeTask):
 
     # --- prompts: verifiers' first-turn render ------------------------------------------------
 
+    def renderer_model(self) -> str:
+        """What verifiers loads its renderer's tokenizer from: task.renderer_model, else the run's tokenizer
+        as `encoder` wrote it out."""
+        if self.cfg.renderer_model:
+            return self.cfg.renderer_model
+        if self._own_tokenizer is None:
+            raise EpisodeFault("load_error", "task.renderer_model='': the run's tokenizer is written out when its "
+                                             "prompts are encoded (encoder), which has not happened")
+        return self._own_tokenizer.name
+
     def renderer(self) -> Any:
         """The renderer verifiers' TrainClient builds (same model, same config): prompts render as turns do."""
         if self._renderer is None:
@@ -199,10 +211,10 @@ class VerifiersTask(EpisodeTask):
             from renderers.base import load_tokenizer
 
             try:
-                self._renderer = create_renderer(load_tokenizer(self.cfg.renderer_model), self._renderer_config())
+                self._renderer = create_renderer(load_tokenizer(self.renderer_model()), self._renderer_config())
             except Exception as e:
                 raise LoadFault(f"task.renderer_model={self.cfg.renderer_model!r}: verifiers' renderer cannot load "
-                                f"it: {type(e).__name__}: {_first_line(e)}") from None
+                                f"{self.renderer_model()!r}: {type(e).__name__}: {_first_line(e)}") from None
         return self._renderer
 
     def _renderer_config(self) -> Any:
@@ -223,8 +235,13 @@ class VerifiersTask(EpisodeTask):
         return messages
 
     def encoder(self, tokenizer: Tokenizer, chat_template: str | None):  # type: ignore[override]
-        """Example -> Prompt rendered by verifiers' renderer (the run's tokenizer and template do not act:
-        the first turn verifiers sends must extend the prompt)."""
+        """Example -> Prompt rendered by verifiers' renderer, so the first turn verifiers sends extends it.
+        With task.renderer_model "" that renderer reads the run's `tokenizer` and `chat_template`."""
+        if not self.cfg.renderer_model and self._own_tokenizer is None:
+            if chat_template is not None:
+                tokenizer = dataclasses.replace(tokenizer, chat_template=chat_template)
+            self._own_tokenizer = tempfile.TemporaryDirectory(prefix="jaxrl_async_renderer_")
+            tokenizer.save_hf_dir(self._own_tokenizer.name)
         renderer = self.renderer()
 
         def encode(example: Example) -> Prompt:
@@ -269,7 +286,7 @@ class VerifiersTask(EpisodeTask):
     def model_context(self, key: str) -> Any:
         """verifiers' `ModelContext` of one episode: its TrainClient posts to our endpoint under `key`."""
         client = self.vf.TrainClientConfig(
-            base_url=self._endpoint.base_url, api_key_var=ENDPOINT_KEY_VAR, renderer_model_name=self.cfg.renderer_model,
+            base_url=self._endpoint.base_url, api_key_var=ENDPOINT_KEY_VAR, renderer_model_name=self.renderer_model(),
             renderer=self.cfg.renderer)
         return self.vf.ModelContext(model=key, client=client,
                                     sampling=self.vf.SamplingConfig(max_tokens=self.cfg.turn_max_new_tokens))

@@ -7,8 +7,6 @@
 - `fake_vllm.py`: hand-written stand-ins for vLLM's `AsyncLLM` and its worker.
 - `tasks.py`: scoring a completion with a task's reward.
 - `turn_clients.py`: a real `TurnClient` over a real engine, for tasks that play episodes.
-- `verifiers_envs.py`: the shipped verifiers example env on the path, and the tiny tokenizer as a
-  HF directory for verifiers' renderer.
 - `reward_fns.py`: user reward functions that hang, raise or die on some prompts (light to import).
 - `scripted.py`, `adversarial.py`: policy drivers (scripted events; random possible interleavings).
 - `sim_policies.py`: tiny policies for the simulator tests.

@@ -24,15 +24,15 @@ from jaxrl_async.tokenizer import tiny_tokenizer  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 from tests.helpers.train_runs import QUIET  # noqa: E402
 from tests.helpers.turn_clients import EngineTurnClient  # noqa: E402
-from tests.helpers.verifiers_envs import EXAMPLE_ENVS, write_hf_tokenizer  # noqa: E402
 
 TOK = tiny_tokenizer()
+EXAMPLE_ENVS = REPO / "examples" / "verifiers_envs"
 CTX = EpisodeContext(TOK, TOK.eos_token_ids)
 
 
 @pytest.fixture(scope="module")
 def renderer_dir(tmp_path_factory):
-    return write_hf_tokenizer(TOK, tmp_path_factory.mktemp("tiny_tokenizer"))
+    return TOK.save_hf_dir(tmp_path_factory.mktemp("tiny_tokenizer"))
 
 
 @pytest.fixture(autouse=True)
@@ -41,9 +41,9 @@ def example_envs(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-def guess_digit(renderer_dir, **keys):
-    return build_task({"name": "verifiers", "env": "guess_digit", "renderer_model": str(renderer_dir),
-                       "renderer": {"name": "default"}, **keys})
+def guess_digit(**keys):
+    """The example env; verifiers renders with the run's tokenizer (task.renderer_model "") unless `keys` say."""
+    return build_task({"name": "verifiers", "env": "guess_digit", **keys})
 
 
 class SecretClient:
@@ -71,20 +71,22 @@ def play(task, prompt, client):
 
 
 def test_prompts_are_verifiers_first_turn_rendered_and_the_held_out_split_is_its_own_taskset(renderer_dir):
-    task = guess_digit(renderer_dir)
+    task = guess_digit()
     train, test = task.examples(), task.test_examples()
     assert (len(train), len(test)) == (36, 4)  # the default: the last 10% of the 40 rows held out
     prompt = task.encoder(TOK, None)(train[0])
     want = TOK.apply_chat_template([{"role": "system", "content": "You play a guessing game. Answer with one digit only."},
                                     {"role": "user", "content": "Guess my digit (0-9)."}], add_generation_prompt=True)
     assert prompt.prompt_ids == TOK.encode(want, add_bos=False)
-    split = guess_digit(renderer_dir, test_env_args={"split": "test"})
+    named = guess_digit(renderer_model=str(renderer_dir), renderer={"name": "default"})  # a HF directory of its own
+    assert named.encoder(TOK, None)(named.examples()[0]).prompt_ids == prompt.prompt_ids
+    split = guess_digit(test_env_args={"split": "test"})
     assert len(split.examples()) == 40 and len(split.test_examples()) == 40
     assert {e.prompt_id for e in split.test_examples()}.isdisjoint(e.prompt_id for e in split.examples())
 
 
-def test_the_reward_and_its_terms_are_the_librarys(renderer_dir):
-    task = guess_digit(renderer_dir)
+def test_the_reward_and_its_terms_are_the_librarys():
+    task = guess_digit()
     prompt = task.encoder(TOK, None)(task.examples()[0])
     secret = task._split_tasks("train")[0].data.secret
     right = play(task, prompt, SecretClient(prompt.prompt_ids, [secret]))
@@ -120,10 +122,10 @@ def on_the_engine(task, prompt, seed):
     return asyncio.run(main())
 
 
-def test_an_episode_on_the_jax_engine_trains_exactly_the_tokens_verifiers_sent(renderer_dir):
+def test_an_episode_on_the_jax_engine_trains_exactly_the_tokens_verifiers_sent():
     # Turns of 3 random tokens (length-cut: verifiers renders the conversation again); seed 8 samples
     # bytes that are text, so every turn verifiers sends extends the last (seed 0: the test below).
-    task = guess_digit(renderer_dir, turn_max_new_tokens=3)
+    task = guess_digit(turn_max_new_tokens=3)
     prompt = task.encoder(TOK, None)(task.examples()[1])
     client, result = on_the_engine(task, prompt, seed=8)
     assert not isinstance(result, EpisodeFault), result
@@ -148,10 +150,10 @@ def test_an_episode_on_the_jax_engine_trains_exactly_the_tokens_verifiers_sent(r
     assert len(replies) == 3 or secret in guesses
 
 
-def test_a_turn_verifiers_tokenizes_again_differently_is_a_prefix_mismatch_never_trained(renderer_dir):
+def test_a_turn_verifiers_tokenizes_again_differently_is_a_prefix_mismatch_never_trained():
     # seed 0 samples bytes that are not UTF-8 in a length-cut turn: verifiers cannot bridge a turn
     # without its stop token, renders the decoded text again, and the bytes come back otherwise.
-    task = guess_digit(renderer_dir, turn_max_new_tokens=3)
+    task = guess_digit(turn_max_new_tokens=3)
     prompt = task.encoder(TOK, None)(task.examples()[1])
     client, fault = on_the_engine(task, prompt, seed=0)
     assert isinstance(fault, EpisodeFault) and fault.kind == "prefix_mismatch"
@@ -159,8 +161,8 @@ def test_a_turn_verifiers_tokenizes_again_differently_is_a_prefix_mismatch_never
     assert client.sent[-1][:first] != client.token_ids[:first]  # what verifiers sent rewrote the sampled turn
 
 
-def test_a_turn_the_client_refuses_ends_the_episode_with_that_fault(renderer_dir):
-    task = guess_digit(renderer_dir)
+def test_a_turn_the_client_refuses_ends_the_episode_with_that_fault():
+    task = guess_digit()
     prompt = task.encoder(TOK, None)(task.examples()[0])
 
     class Full:
@@ -176,7 +178,7 @@ def write_module(path, name, source):
     (path / f"{name}.py").write_text(textwrap.dedent(source))
 
 
-def test_an_environment_that_raises_in_an_episode_is_an_env_error_naming_its_error(renderer_dir, tmp_path, monkeypatch):
+def test_an_environment_that_raises_in_an_episode_is_an_env_error_naming_its_error(tmp_path, monkeypatch):
     write_module(tmp_path, "broken_run", """
         import guess_digit
         from guess_digit import ChatHarness, GuessDigitTaskset
@@ -188,14 +190,14 @@ def test_an_environment_that_raises_in_an_episode_is_an_env_error_naming_its_err
         __all__ = ["BrokenEnv", "ChatHarness", "GuessDigitTaskset"]
         """)
     monkeypatch.syspath_prepend(str(tmp_path))
-    task = build_task({"name": "verifiers", "env": "broken_run", "renderer_model": str(renderer_dir)})
+    task = build_task({"name": "verifiers", "env": "broken_run"})
     prompt = task.encoder(TOK, None)(task.examples()[0])
     with pytest.raises(EpisodeFault) as fault:
         play(task, prompt, SecretClient(prompt.prompt_ids, [1]))
     assert fault.value.kind == "env_error" and "the board fell over" in fault.value.reason
 
 
-def test_bad_environments_are_one_line_load_errors_naming_the_key(renderer_dir, tmp_path, monkeypatch):
+def test_bad_environments_are_one_line_load_errors_naming_the_key(tmp_path, monkeypatch):
     write_module(tmp_path, "raises_at_import", 'raise RuntimeError("no GPU here")\n')
     monkeypatch.syspath_prepend(str(tmp_path))
     cases = [
@@ -209,17 +211,17 @@ def test_bad_environments_are_one_line_load_errors_naming_the_key(renderer_dir, 
     for key, value, want in cases:
         keys = {"env": "guess_digit", key: value}
         with pytest.raises(LoadFault) as error:
-            build_task({"name": "verifiers", "renderer_model": str(renderer_dir), **keys})
+            build_task({"name": "verifiers", **keys})
         assert isinstance(error.value, ValueError) and error.value.kind == "load_error"
         assert str(error.value).startswith(want), str(error.value)
         assert "\n" not in str(error.value)
 
 
-def test_a_missing_environment_module_stops_the_command_in_one_line_before_any_run_dir(renderer_dir, tmp_path):
+def test_a_missing_environment_module_stops_the_command_in_one_line_before_any_run_dir(tmp_path):
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "HYDRA_FULL_ERROR": "0", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "jaxrl_async.train", *QUIET, f"hydra.run.dir={tmp_path / 'run'}", "task=verifiers",
-         "task.env=no_such_env", f"task.renderer_model={renderer_dir}"],
+         "task.env=no_such_env"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
