@@ -11,12 +11,12 @@ from jaxrl_async.envs.turn_endpoint import TurnEndpoint  # noqa: E402
 
 
 class Echo:
-    """Samples the last token twice; refuses a sequence that does not start with 1."""
+    """Samples the last token, then the next id; refuses a sequence that does not start with 1."""
 
     async def generate(self, token_ids, *, max_new_tokens=None):
         if token_ids[0] != 1:
             raise EpisodeFault("prefix_mismatch", "not ours")
-        return Turn([token_ids[-1]] * 2, [-0.5, -0.25], [[0, 2]], "length" if max_new_tokens == 2 else "stop")
+        return Turn([token_ids[-1], token_ids[-1] + 1], [-0.5, -0.25], [[0, 2]], "length" if max_new_tokens == 2 else "stop")
 
 
 def serve(calls):
@@ -47,9 +47,9 @@ def test_a_turn_answers_with_exactly_the_sampled_ids_and_their_logprobs():
     (status, body), route = serve(calls)
     assert status == 200
     choice = body["choices"][0]
-    assert choice["token_ids"] == [7, 7] and choice["finish_reason"] == "length"
+    assert choice["token_ids"] == [7, 8] and choice["finish_reason"] == "length"
     assert choice["logprobs"]["content"] == [{"token": "token_id:7", "logprob": -0.5},
-                                             {"token": "token_id:7", "logprob": -0.25}]
+                                             {"token": "token_id:8", "logprob": -0.25}]
     assert (route.calls, route.sent, route.fault) == (1, [[1, 7]], None)
 
 
