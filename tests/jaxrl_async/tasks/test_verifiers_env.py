@@ -80,6 +80,8 @@ def test_prompts_are_verifiers_first_turn_rendered_and_the_held_out_split_is_its
     assert prompt.prompt_ids == TOK.encode(want, add_bos=False)
     named = guess_digit(renderer_model=str(renderer_dir), renderer={"name": "default"})  # a HF directory of its own
     assert named.encoder(TOK, None)(named.examples()[0]).prompt_ids == prompt.prompt_ids
+    retemplated = guess_digit()  # the run's chat_template, when it sets one, is the renderer's too
+    assert retemplated.encoder(TOK, "Chat:" + TOK.chat_template)(train[0]).text.startswith("Chat:<|im_start|>system")
     split = guess_digit(test_env_args={"split": "test"})
     assert len(split.examples()) == 40 and len(split.test_examples()) == 40
     assert {e.prompt_id for e in split.test_examples()}.isdisjoint(e.prompt_id for e in split.examples())
