@@ -53,7 +53,8 @@ class GuessDigitTask(vf.Task[GuessDigitData, vf.State, vf.TaskConfig]):
     async def guessed_first(self, task: GuessDigitData, trace: vf.Trace) -> float:
         """A zero-weight term (reported, not rewarded): the first guess was right. Task rewards run
         when the rollout closes, before `GuessDigitEnv.run` records its own; they read the trace."""
-        replies = [m.content or "" for m in trace.branches[-1].messages if m.role == "assistant"] if trace.branches else []
+        messages = trace.branches[-1].messages if trace.branches else []
+        replies = [m.content or "" for m in messages if m.role == "assistant"]
         return float(bool(replies) and parse_guess(replies[0]) == task.secret)
 
 

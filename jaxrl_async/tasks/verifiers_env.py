@@ -41,7 +41,7 @@ import importlib.util
 import logging
 import tempfile
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from jaxrl_async.envs.episode import EpisodeFault, EpisodeResult, TurnClient
 from jaxrl_async.envs.task import EnvTaskConfig, EpisodeContext, EpisodeTask
@@ -118,7 +118,6 @@ class VerifiersTask(EpisodeTask):
     name = "verifiers"
     config_class = VerifiersConfig
     cfg: VerifiersConfig
-    _SPLITS: ClassVar[tuple[str, ...]] = ("train", "test")
 
     def __init__(self, cfg: VerifiersConfig) -> None:
         super().__init__(cfg)
@@ -158,12 +157,15 @@ class VerifiersTask(EpisodeTask):
             raise LoadFault(f"task.env={self.cfg.env!r}: the environment raised at load: "
                             f"{type(e).__name__}: {_first_line(e)}") from None
 
+    def _env(self, split: str) -> Any:
+        """The verifiers Env that plays `split`: the test one when test_env_args loaded one."""
+        return self._envs.get(split, self._envs["train"])
+
     def _split_tasks(self, split: str) -> list[Any]:
         """The split's verifiers tasks, in `load()` order (read once)."""
         if split not in self._tasks:
-            env = self._envs["test" if split == "test" and "test" in self._envs else "train"]
             try:
-                rows = list(env.taskset.take(self.cfg.max_tasks))
+                rows = list(self._env(split).taskset.take(self.cfg.max_tasks))
             except Exception as e:  # the taskset's own `load()`
                 raise LoadFault(f"task.env={self.cfg.env!r}: the taskset's load() raised "
                                 f"{type(e).__name__}: {_first_line(e)}") from None
@@ -295,10 +297,9 @@ class VerifiersTask(EpisodeTask):
         await self._serving()
         split = prompt.meta["split"]
         task = self._split_tasks(split)[prompt.meta["row"]]
-        env = self._envs["test" if split == "test" and "test" in self._envs else "train"]
         key = self._endpoint.open(client)
         try:
-            episode = await env.run_episode(task, self.model_context(key))
+            episode = await self._env(split).run_episode(task, self.model_context(key))
         finally:
             route = self._endpoint.close(key)
         if route.fault is not None:

@@ -16,7 +16,8 @@ class Echo:
     async def generate(self, token_ids, *, max_new_tokens=None):
         if token_ids[0] != 1:
             raise EpisodeFault("prefix_mismatch", "not ours")
-        return Turn([token_ids[-1], token_ids[-1] + 1], [-0.5, -0.25], [[0, 2]], "length" if max_new_tokens == 2 else "stop")
+        finish = "length" if max_new_tokens == 2 else "stop"
+        return Turn([token_ids[-1], token_ids[-1] + 1], [-0.5, -0.25], [[0, 2]], finish)
 
 
 def serve(calls):
@@ -55,7 +56,8 @@ def test_a_turn_answers_with_exactly_the_sampled_ids_and_their_logprobs():
 
 def test_a_refused_turn_is_a_400_and_the_episode_keeps_the_fault():
     async def calls(post, key):
-        return [await post({"model": key, "token_ids": [2, 3]}), await post({"model": "episode-none", "token_ids": [1]}),
+        return [await post({"model": key, "token_ids": [2, 3]}),
+                await post({"model": "episode-none", "token_ids": [1]}),
                 await post({"model": key, "token_ids": "1 2"})]
 
     (refused, unknown, malformed), route = serve(calls)

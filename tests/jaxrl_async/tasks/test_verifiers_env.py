@@ -75,7 +75,8 @@ def test_prompts_are_verifiers_first_turn_rendered_and_the_held_out_split_is_its
     train, test = task.examples(), task.test_examples()
     assert (len(train), len(test)) == (36, 4)  # the default: the last 10% of the 40 rows held out
     prompt = task.encoder(TOK, None)(train[0])
-    want = TOK.apply_chat_template([{"role": "system", "content": "You play a guessing game. Answer with one digit only."},
+    system = "You play a guessing game. Answer with one digit only."
+    want = TOK.apply_chat_template([{"role": "system", "content": system},
                                     {"role": "user", "content": "Guess my digit (0-9)."}], add_generation_prompt=True)
     assert prompt.prompt_ids == TOK.encode(want, add_bos=False)
     named = guess_digit(renderer_model=str(renderer_dir), renderer={"name": "default"})  # a HF directory of its own
@@ -109,7 +110,8 @@ def on_the_engine(task, prompt, seed):
     cfg = ModelConfig.tiny()
 
     async def main():
-        engine = JaxEngine(Transformer(cfg, rngs=nnx.Rngs(0)), cfg, EngineConfig(num_slots=2, max_len=512, min_bucket=8))
+        engine = JaxEngine(Transformer(cfg, rngs=nnx.Rngs(0)), cfg,
+                           EngineConfig(num_slots=2, max_len=512, min_bucket=8))
         await engine.start()
         client = EngineTurnClient(engine, prompt.prompt_ids, max_len=512, max_new_tokens=16,
                                   stop_token_ids=TOK.eos_token_ids, seed=seed)
