@@ -11,6 +11,8 @@ request's `model` (verifiers' `ModelContext.model`; its renderer is pinned by
 `renderer_model_name`, so the name drives nothing else). A `TurnClient` that refuses a turn (a
 re-tokenized prefix, no room left) answers HTTP 400 to the library, which records an error; the
 endpoint keeps the `EpisodeFault` so the episode ends with that fault, not the library's retelling.
+A turn the engine gave up (the client raises `CancelledError`) answers 503 and marks the episode
+aborted, which the task turns back into a `CancelledError` (envs/engine.py: an aborted episode).
 
 Why an HTTP route rather than an in-process client object: verifiers builds its model client
 inside its interception server from a config (`resolve_client(ClientConfig)`), so the one seam
@@ -25,6 +27,7 @@ tokenizer's own stop tokens, which for a chat model are the same end-of-turn tok
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +39,7 @@ from jaxrl_async.envs.episode import EpisodeFault, TurnClient
 class _Route:
     client: TurnClient
     fault: EpisodeFault | None = None
+    aborted: bool = False  # the engine gave a turn up (the client raised CancelledError)
     calls: int = 0
     sent: list[list[int]] = field(default_factory=list)  # the token ids of each call, as the library sent them
 
@@ -93,6 +97,11 @@ class TurnEndpoint:
         except EpisodeFault as fault:
             route.fault = route.fault or fault
             return web.json_response({"error": str(fault)}, status=400)
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # this handler itself is cancelled: let it end
+                raise
+            route.aborted = True  # the engine gave the turn up: the episode is aborted, not failed
+            return web.json_response({"error": "the engine aborted the turn"}, status=503)
         return web.json_response(generate_response(turn.token_ids, turn.logprobs, turn.finish_reason))
 
 

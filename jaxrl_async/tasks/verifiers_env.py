@@ -302,6 +302,8 @@ class VerifiersTask(EpisodeTask):
             episode = await self._env(split).run_episode(task, self.model_context(key))
         finally:
             route = self._endpoint.close(key)
+        if route.aborted:
+            raise asyncio.CancelledError  # the engine gave a turn up: the episode is aborted (envs/engine.py)
         if route.fault is not None:
             raise route.fault
         result = episode_result(episode)

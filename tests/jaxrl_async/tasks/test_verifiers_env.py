@@ -178,6 +178,18 @@ def test_a_turn_the_client_refuses_ends_the_episode_with_that_fault():
     assert fault.value.kind == "too_long"
 
 
+def test_a_turn_the_engine_gives_up_aborts_the_episode():
+    task = guess_digit()
+    prompt = task.encoder(TOK, None)(task.examples()[0])
+
+    class GivenUp:
+        async def generate(self, token_ids, *, max_new_tokens=None):
+            raise asyncio.CancelledError  # what the episode engine's client raises for an aborted turn
+
+    with pytest.raises(asyncio.CancelledError):
+        play(task, prompt, GivenUp())
+
+
 def write_module(path, name, source):
     (path / f"{name}.py").write_text(textwrap.dedent(source))
 
