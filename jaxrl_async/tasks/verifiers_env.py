@@ -64,9 +64,9 @@ class VerifiersConfig(EnvTaskConfig):
         `--env.taskset.id`), an installed module or one on PYTHONPATH; e.g. guess_digit from
         examples/verifiers_envs.
       env_args: the taskset's config keys (its verifiers `TasksetConfig` fields), checked by
-        verifiers; a key it refuses is named as task.env_args.KEY.
+        verifiers; a key it refuses is named as task.env_args.KEY. null: none.
       env_config: the other keys of verifiers' `EnvConfig`: seats (e.g. {agent: {runtime: {type:
-        subprocess}}}), timeout, retries, interception.
+        subprocess}}}), timeout, retries, interception. null: none.
       test_env_args: the held-out split: the taskset loaded again with env_args updated by these
         (e.g. {split: test}); null: the last test_share of the rows.
       test_share: with test_env_args null, the share of the rows (the last ones) held out, in (0, 1).
@@ -79,8 +79,8 @@ class VerifiersConfig(EnvTaskConfig):
     """
 
     env: str = ""
-    env_args: dict[str, Any] = field(default_factory=dict)
-    env_config: dict[str, Any] = field(default_factory=dict)
+    env_args: dict[str, Any] | None = None
+    env_config: dict[str, Any] | None = None
     test_env_args: dict[str, Any] | None = None
     test_share: float = 0.1
     max_tasks: int = 10000
@@ -93,7 +93,8 @@ class VerifiersConfig(EnvTaskConfig):
         check(0.0 < self.test_share < 1.0, "task.test_share", self.test_share, "must be in (0, 1)")
         check(isinstance(self.max_tasks, int) and self.max_tasks >= 1, "task.max_tasks", self.max_tasks,
               "must be an int >= 1")
-        check("taskset" not in self.env_config, "task.env_config.taskset", self.env_config.get("taskset"),
+        env_config = self.env_config or {}
+        check("taskset" not in env_config, "task.env_config.taskset", env_config.get("taskset"),
               "the taskset is task.env with task.env_args")
 
 
@@ -126,9 +127,9 @@ class VerifiersTask(EpisodeTask):
                 log.warning("task.%s has no effect for task=verifiers: the environment's own limits apply "
                             "(task.env_config, task.env_args)", key)
         self.vf = import_verifiers()
-        self._envs = {"train": self._load(cfg.env_args, "task.env_args")}
+        self._envs = {"train": self._load(cfg.env_args or {}, "task.env_args")}
         if cfg.test_env_args is not None:
-            self._envs["test"] = self._load({**cfg.env_args, **cfg.test_env_args}, "task.test_env_args")
+            self._envs["test"] = self._load({**(cfg.env_args or {}), **cfg.test_env_args}, "task.test_env_args")
         self._tasks: dict[str, list[Any]] = {}
         self._renderer: Any = None
         self._own_tokenizer: tempfile.TemporaryDirectory | None = None  # renderer_model "": the run's, written out
@@ -143,7 +144,7 @@ class VerifiersTask(EpisodeTask):
         """verifiers' `resolve_env_config` + `load_environment`; every failure a LoadFault naming a key."""
         from pydantic import ValidationError
 
-        data = {**self.cfg.env_config, "taskset": {**env_args, "id": self.cfg.env}}
+        data = {**(self.cfg.env_config or {}), "taskset": {**env_args, "id": self.cfg.env}}
         try:
             config = self.vf.resolve_env_config(data)
             return self.vf.load_environment(config)

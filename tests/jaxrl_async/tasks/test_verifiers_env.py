@@ -22,7 +22,8 @@ from jaxrl_async.tasks import build_task  # noqa: E402
 from jaxrl_async.tasks.verifiers_env import LoadFault  # noqa: E402
 from jaxrl_async.tokenizer import tiny_tokenizer  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
-from tests.helpers.train_runs import QUIET  # noqa: E402
+from jaxrl_async.job.setup import typed_config  # noqa: E402
+from tests.helpers.train_runs import QUIET, compose_train  # noqa: E402
 from tests.helpers.turn_clients import EngineTurnClient  # noqa: E402
 
 TOK = tiny_tokenizer()
@@ -86,6 +87,12 @@ def test_prompts_are_verifiers_first_turn_rendered_and_the_held_out_split_is_its
     split = guess_digit(test_env_args={"split": "test"})
     assert len(split.examples()) == 40 and len(split.test_examples()) == 40
     assert {e.prompt_id for e in split.test_examples()}.isdisjoint(e.prompt_id for e in split.examples())
+
+
+def test_env_args_come_from_the_command_line_as_one_mapping():
+    setup = typed_config(compose_train(["task=verifiers", "task.env=guess_digit", "task.env_args={num_tasks:5}"]))
+    task = build_task(setup.task)
+    assert len(task.examples()) + len(task.test_examples()) == 5
 
 
 def test_the_reward_and_its_terms_are_the_librarys():
