@@ -29,7 +29,7 @@ envs, best-of-n): an episode is one token sequence here, so a second conversatio
 samples with its own (envs/turn_endpoint.py).
 
 Resources (the endpoint and verifiers' `Env.serving()`) start on the first episode's event loop
-and stay up until `aclose()`.
+and stay up until `aclose()`, or until that loop's end cancels the task that holds them.
 """
 
 from __future__ import annotations
@@ -52,6 +52,8 @@ from planner.configs import check
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = 'task=verifiers needs the verifiers library: pip install -e ".[envs]"'
+# verifiers' own log, its interception server's access log, and the HTTP client its harnesses use
+QUIET_LOGGERS = ("verifiers", "aiohttp.access", "httpx")
 ENDPOINT_KEY_VAR = "JAXRL_ASYNC_TURN_ENDPOINT_KEY"  # an unset variable: the loopback route takes no key
 
 
@@ -127,6 +129,9 @@ class VerifiersTask(EpisodeTask):
                 log.warning("task.%s has no effect for task=verifiers: the environment's own limits apply "
                             "(task.env_config, task.env_args)", key)
         self.vf = import_verifiers()
+        for name in QUIET_LOGGERS:  # per-rollout and per-request INFO lines would fill the run's log
+            if logging.getLogger(name).level == logging.NOTSET:
+                logging.getLogger(name).setLevel(logging.WARNING)
         self._envs = {"train": self._load(cfg.env_args or {}, "task.env_args")}
         if cfg.test_env_args is not None:
             self._envs["test"] = self._load({**(cfg.env_args or {}), **cfg.test_env_args}, "task.test_env_args")
@@ -134,7 +139,8 @@ class VerifiersTask(EpisodeTask):
         self._renderer: Any = None
         self._own_tokenizer: tempfile.TemporaryDirectory | None = None  # renderer_model "": the run's, written out
         self._endpoint: Any = None
-        self._stack: contextlib.AsyncExitStack | None = None
+        self._keeper: asyncio.Task | None = None  # holds the serving resources open (_keep)
+        self._stop = asyncio.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._starting: asyncio.Lock | None = None
 
@@ -261,30 +267,41 @@ class VerifiersTask(EpisodeTask):
         """Start the endpoint and verifiers' serving resources once, on the episodes' loop."""
         loop = asyncio.get_running_loop()
         if self._loop is not loop:
-            self._loop, self._starting, self._stack = loop, asyncio.Lock(), None
+            self._loop, self._starting, self._keeper = loop, asyncio.Lock(), None
         async with self._starting:
-            if self._stack is not None:
+            if self._keeper is not None and not self._keeper.done():
                 return
-            from jaxrl_async.envs.turn_endpoint import TurnEndpoint
+            ready: asyncio.Future = loop.create_future()
+            self._stop = asyncio.Event()
+            self._keeper = loop.create_task(self._keep(ready, self._stop), name="verifiers-serving")
+            self._endpoint = await ready
 
-            stack = contextlib.AsyncExitStack()
+    async def _keep(self, ready: asyncio.Future, stop: asyncio.Event) -> None:
+        """Hold the endpoint and each Env's `serving()` open until `stop` is set or this task is cancelled.
+        A task of their own closes them in order even when nobody calls `aclose`: the loop's end
+        (asyncio.run) cancels pending tasks before it finalizes async generators."""
+        from jaxrl_async.envs.turn_endpoint import TurnEndpoint
+
+        async with contextlib.AsyncExitStack() as stack:
             endpoint = TurnEndpoint()
-            await endpoint.start()
-            stack.push_async_callback(endpoint.stop)
             try:
+                await endpoint.start()
+                stack.push_async_callback(endpoint.stop)
                 for env in self._envs.values():
                     await stack.enter_async_context(env.serving())
             except Exception as e:
-                await stack.aclose()
-                raise EpisodeFault("load_error", f"task.env={self.cfg.env!r}: the environment's start() raised "
-                                                 f"{type(e).__name__}: {_first_line(e)}") from None
-            self._endpoint, self._stack = endpoint, stack
+                ready.set_exception(EpisodeFault("load_error", f"task.env={self.cfg.env!r}: the environment's "
+                                                               f"start() raised {type(e).__name__}: {_first_line(e)}"))
+                return
+            ready.set_result(endpoint)
+            await stop.wait()
 
     async def aclose(self) -> None:
         """Stop the endpoint and verifiers' serving resources (on the loop that started them)."""
-        if self._stack is not None:
-            stack, self._stack = self._stack, None
-            await stack.aclose()
+        if self._keeper is not None:
+            keeper, self._keeper = self._keeper, None
+            self._stop.set()
+            await keeper
 
     def model_context(self, key: str) -> Any:
         """verifiers' `ModelContext` of one episode: its TrainClient posts to our endpoint under `key`."""
