@@ -52,6 +52,8 @@ from planner.configs import check
 log = logging.getLogger(__name__)
 
 INSTALL_HINT = 'task=verifiers needs the verifiers library: pip install -e ".[envs]"'
+# EnvTaskConfig's keys that the library's own limits replace (a warning when set)
+INERT_KEYS = ("max_turns", "env_timeout_s", "env_workers")
 # verifiers' own log, its interception server's access log, and the HTTP client its harnesses use
 QUIET_LOGGERS = ("verifiers", "aiohttp.access", "httpx")
 ENDPOINT_KEY_VAR = "JAXRL_ASYNC_TURN_ENDPOINT_KEY"  # an unset variable: the loopback route takes no key
@@ -124,8 +126,9 @@ class VerifiersTask(EpisodeTask):
 
     def __init__(self, cfg: VerifiersConfig) -> None:
         super().__init__(cfg)
-        for key, default in (("max_turns", 4), ("env_timeout_s", 10.0), ("env_workers", 16)):
-            if getattr(cfg, key) != default:
+        defaults = {f.name: f.default for f in dataclasses.fields(EnvTaskConfig)}
+        for key in INERT_KEYS:
+            if getattr(cfg, key) != defaults[key]:
                 log.warning("task.%s has no effect for task=verifiers: the environment's own limits apply "
                             "(task.env_config, task.env_args)", key)
         self.vf = import_verifiers()

@@ -89,6 +89,11 @@ def test_prompts_are_verifiers_first_turn_rendered_and_the_held_out_split_is_its
     assert {e.prompt_id for e in split.test_examples()}.isdisjoint(e.prompt_id for e in split.examples())
 
 
+def test_a_multi_turn_key_the_library_replaces_is_one_warning(caplog):
+    guess_digit(max_turns=2, env_workers=16)
+    assert [r.getMessage().split(" has")[0] for r in caplog.records if r.levelname == "WARNING"] == ["task.max_turns"]
+
+
 def test_env_args_come_from_the_command_line_as_one_mapping():
     setup = typed_config(compose_train(["task=verifiers", "task.env=guess_digit", "task.env_args={num_tasks:5}"]))
     task = build_task(setup.task)
