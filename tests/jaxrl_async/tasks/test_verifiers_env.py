@@ -138,6 +138,15 @@ def on_the_engine(task, prompt, seed):
     return asyncio.run(main())
 
 
+def test_a_held_out_prompt_plays_on_the_held_out_taskset():
+    task = guess_digit(test_env_args={"split": "test"})
+    prompt = task.encoder(TOK, None)(task.test_examples()[2])
+    row = task._split_tasks("test")[2]
+    assert row.data.id == "guess_digit-test-2"  # the row the test taskset (split: test) yields
+    secret = row.data.secret
+    assert play(task, prompt, SecretClient(prompt.prompt_ids, [secret])).reward == 1.0
+
+
 def test_an_episode_on_the_jax_engine_trains_exactly_the_tokens_verifiers_sent():
     # Turns of 3 random tokens (length-cut: verifiers renders the conversation again); seed 8 samples
     # bytes that are text, so every turn verifiers sends extends the last (seed 0: the test below).
