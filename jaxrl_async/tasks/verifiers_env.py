@@ -199,7 +199,7 @@ class VerifiersTask(EpisodeTask):
         examples = []
         for row, task in enumerate(self._split_tasks(split)):
             data = task.data
-            ident = data.id or task.key[:16]
+            ident = data.id or f"{row}-{task.key[:12]}"  # rows without an id may repeat their content
             examples.append(Example(f"verifiers-{self.cfg.env}-{split}-{ident}", data.prompt_text, None,
                                     {"split": split, "row": row}))
         return examples
