@@ -118,6 +118,23 @@ class Tokenizer:
     def _token(self, token_id: int | None) -> str:
         return "" if token_id is None else self.backend.id_to_token(token_id)
 
+    def save_hf_dir(self, path: str | Path) -> Path:
+        """This tokenizer as a HF tokenizer directory (`from_hf_dir`'s inverse), for a library that
+        loads one by path (verifiers' renderer, tasks/verifiers_env.py). Its end-of-turn token (the
+        last of `eos_token_ids`) is the directory's `eos_token`."""
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        self.backend.save(str(path / "tokenizer.json"))
+        def token(token_id: int | None) -> str | None:
+            return None if token_id is None else self.backend.id_to_token(token_id)
+
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "chat_template": self.chat_template,
+                  "add_bos_token": self.add_bos, "bos_token": token(self.bos_token_id),
+                  "eos_token": token(self.eos_token_ids[-1] if self.eos_token_ids else None),
+                  "pad_token": token(self.pad_token_id)}
+        (path / "tokenizer_config.json").write_text(json.dumps(config))
+        return path
+
     # ------------------------------------------------------------------------ constructors
 
     @classmethod

@@ -51,6 +51,8 @@ FEATURE_FILES = {
     "jaxrl_async/engines/vllm/weights.py": "vllm",
     "jaxrl_async/tasks/reasoning_gym.py": "envs",
     "jaxrl_async/transports/nccl.py": "vllm",
+    "jaxrl_async/envs/turn_endpoint.py": "envs",
+    "jaxrl_async/tasks/verifiers_env.py": "envs",
 }
 # Modules of optional distributions that may be absent here, so packages_distributions() cannot
 # name them. `vllm` is the module of both the CUDA build and the CPU build.

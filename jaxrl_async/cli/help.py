@@ -31,6 +31,7 @@ HELP_NODES = {
     "task/guess_number": "jaxrl_async.tasks.guess_number:GuessNumberConfig",
     "task/repeat_letter": "jaxrl_async.tasks.synthetic:RepeatLetterConfig",
     "task/copy_string": "jaxrl_async.tasks.synthetic:CopyStringConfig",
+    "task/verifiers": "jaxrl_async.tasks.verifiers_env:VerifiersConfig",
 }
 MODEL_SPEC = "jaxrl_async.models.config:ModelSpec"  # conf/model/*.yaml: no defaults node
 

@@ -8,7 +8,8 @@ them all. Importing the package alone, or one task module (`tasks.synthetic` for
 
 import importlib
 
-TASK_MODULES = ("arithmetic", "calculator", "custom", "gsm8k", "guess_number", "reasoning_gym", "synthetic")
+TASK_MODULES = ("arithmetic", "calculator", "custom", "gsm8k", "guess_number", "reasoning_gym", "synthetic",
+                "verifiers_env")
 _HOMES = {
     "TASKS": "base", "Example": "base", "Prompt": "base", "Task": "base", "TaskConfig": "base",
     "build_task": "base", "register_task": "base", "task_config": "base",

@@ -31,3 +31,16 @@ def test_chat_template_renders_chatml():
     no_template = tok.__class__(tok.backend, None, (), None, chat_template=None)
     with pytest.raises(ValueError, match="no chat_template"):
         no_template.apply_chat_template([{"role": "user", "content": "hi"}])
+
+
+def test_a_tokenizer_saved_as_a_hf_directory_loads_back_the_same(tmp_path):
+    from jaxrl_async.tokenizer import Tokenizer
+
+    tok = tiny_tokenizer()
+    back = Tokenizer.from_hf_dir(tok.save_hf_dir(tmp_path / "hf"))
+    text = tok.apply_chat_template([{"role": "user", "content": "héllo"}], add_generation_prompt=True)
+    assert back.encode(text, add_bos=False) == tok.encode(text, add_bos=False)
+    assert back.apply_chat_template([{"role": "user", "content": "héllo"}], add_generation_prompt=True) == text
+    # the end-of-turn token (the last stop id) is the directory's eos_token; bos and pad as they were
+    assert (back.eos_token_ids, back.bos_token_id, back.pad_token_id) == (tok.eos_token_ids[-1:], tok.bos_token_id,
+                                                                          tok.pad_token_id)

@@ -34,7 +34,8 @@ TYPED = {
 }
 OPTIONS = [(group, option) for group in TYPED for option in options(group)]
 # Keys a user must give before the config is valid (task=custom has no prompts of its own).
-USER_INPUT = {("task", "custom"): {"path": "prompts.jsonl"}}
+USER_INPUT = {("task", "custom"): {"path": "prompts.jsonl"},
+              ("task", "verifiers"): {"env": "guess_digit"}}
 
 
 def test_the_default_command_line_builds_the_dataclass_defaults_but_the_embedded_runs_overrides():
