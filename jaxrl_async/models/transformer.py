@@ -410,6 +410,12 @@ def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str 
     return specs
 
 
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """{name: stacked shape} of the layers' parameters (`param_specs` under `layers/`)."""
+    return {path.split("/", 1)[1]: shape for path, (shape, _, _) in param_specs(cfg).items()
+            if path.startswith("layers/")}
+
+
 @partial(jax.jit, static_argnums=(1, 2))
 def _init_values(key: jax.Array, shapes_inits: tuple, dtype) -> tuple[jax.Array, ...]:
     # One jitted call and one random draw for all weights: eager jax.random compiles per op and
