@@ -84,8 +84,7 @@ def _adapter_shardings(state: nnx.State, adapter: Params, mesh: Mesh) -> Params:
     """A is sharded like its weight's input axes, B like its output axes; the rank axis is not."""
     layers = state["layers"]
     out = {}
-    for target in TARGETS.values():
-        name, in_axes = target
+    for name, in_axes in TARGETS.values():
         if name not in adapter["layers"]:
             continue
         axes = layers[name].get_metadata()["logical_axes"]
