@@ -158,6 +158,10 @@ class LoraConfig:
     only the adapter at a push and merges it into its copy of the base; the run's hf/ gains a PEFT
     adapter beside the base weights. Dropout on the adapter's input is not built: the adapter is
     merged into W for the forward (models/lora.py says why), where no input of its own exists.
+    The embedding, the LM head and the norms stay frozen: on the random `tiny` model, whose head
+    is drawn small and whose final RMSNorm bounds the hidden state, adapters cannot make the
+    near-uniform outputs confident, so the embedded repeat_letter demo does not learn with LoRA
+    (pretrained models, e.g. +experiment=smollm2_arithmetic_lora, do not have this limit).
 
     Attributes:
       rank: r, the adapters' inner dimension; 0 = full fine-tuning (no adapter)
