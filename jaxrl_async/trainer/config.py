@@ -161,7 +161,7 @@ class LoraConfig:
     The embedding, the LM head and the norms stay frozen: on the random `tiny` model, whose head
     is drawn small and whose final RMSNorm bounds the hidden state, adapters cannot make the
     near-uniform outputs confident, so the embedded repeat_letter demo does not learn with LoRA
-    (pretrained models, e.g. +experiment=smollm2_arithmetic_lora, do not have this limit).
+    (train a pretrained model's adapters instead: +experiment=smollm2_arithmetic_lora).
 
     Attributes:
       rank: r, the adapters' inner dimension; 0 = full fine-tuning (no adapter)
