@@ -119,7 +119,7 @@ def evaluate(config: EvalConfig, *, say: Callable[[str], None] = lambda _: None)
     task = build_task(config.task)  # data first: a missing split fails before the model loads
     examples = task.split_examples(config.split)[: config.limit]
     say(f"loading model {config.model.source} ...")
-    loaded = load_model(config.model.source, dtype=config.model.dtype)
+    loaded = load_model(config.model.source, dtype=config.model.dtype, adapter=config.model.adapter)
     tok = loaded.tokenizer
     if tok is None:
         raise ValueError(f"model.source={config.model.source!r}: has no tokenizer.json; cannot encode prompts")

@@ -89,7 +89,7 @@ def generate(config: GenerateConfig, *, say: Callable[[str], None] = lambda _: N
     from jaxrl_async.models.loading import load_model
 
     say(f"loading model {config.model.source} ...")
-    loaded = load_model(config.model.source, dtype=config.model.dtype)
+    loaded = load_model(config.model.source, dtype=config.model.dtype, adapter=config.model.adapter)
     tok = loaded.tokenizer
     if tok is None:
         raise ValueError(f"model.source={config.model.source!r}: has no tokenizer.json; cannot encode a text prompt")

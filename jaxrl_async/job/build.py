@@ -72,7 +72,7 @@ def build_components(setup: TrainSetup, run_dir: Path, *, leader: bool, resuming
     task = build_task(setup.task)
     # eval.every needs a held-out split: a task without one fails here, before compiling.
     eval_examples = task.test_examples()[: run.eval.prompts] if run.eval.every else []
-    loaded = load_model(setup.model.source, dtype=setup.model.dtype)
+    loaded = load_model(setup.model.source, dtype=setup.model.dtype, adapter=setup.model.adapter)
     if loaded.tokenizer is None:
         raise ValueError(f"model.source={setup.model.source!r}: has no tokenizer (tokenizer.json)")
     placement = plan_run_placement(setup)

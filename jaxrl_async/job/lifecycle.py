@@ -36,7 +36,7 @@ from jaxrl_async.cluster.distributed import initialize_distributed
 from jaxrl_async.cluster.lockstep import follow
 from jaxrl_async.job.build import Components, build_components
 from jaxrl_async.job.preflight import check_start
-from jaxrl_async.job.report import export_hf, placement_summary, write_summary
+from jaxrl_async.job.report import export_hf, lora_summary, placement_summary, write_summary
 from jaxrl_async.job.resume import check_resume_target, finished, start_resuming
 from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.run_dir import RunDirLock
@@ -183,7 +183,9 @@ class TrainJob:
         extra: dict[str, Any] = {"placement": placement_summary(self.setup, parts.placement)}
         if controller.last_eval is not None:
             extra["eval"] = controller.last_eval
+        if self.setup.trainer.lora.enabled:
+            extra["lora"] = lora_summary(self.setup, parts.loaded, parts.trainer)
         if result.completed and self.setup.run.export_hf:
-            extra["hf_dir"] = str(export_hf(parts.loaded, parts.trainer, self.run_dir))
+            extra["hf_dir"] = str(export_hf(parts.loaded, parts.trainer, self.run_dir, self.setup))
         return write_summary(self.setup, result, bound=controller.policy.staleness_bound(), run_dir=self.run_dir,
                              extra=extra)

@@ -9,6 +9,8 @@ rejected command leaves no run directory, lock or `outputs/` folder behind:
   config is read without its weights (models/loading.py `model_config`);
 - the engine against that model (engines/registry.py `EngineEntry.check_model`: e.g. a draft of
   more layers than the policy has);
+- LoRA against that model: `trainer.lora.rank` no larger than a target's smaller dimension, and a
+  `model.adapter` that fits it (models/peft_adapter.py);
 - the devices (`devices=True`): the trainer's mesh and the engine's replicas fit this job's
   devices (cluster/placement.py, whose error says how a CPU gets more).
 
@@ -24,7 +26,10 @@ from __future__ import annotations
 from jaxrl_async.job.build import plan_run_placement
 from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.models.loading import model_config
+from jaxrl_async.models.peft_adapter import check_adapter_dir
+from jaxrl_async.models.transformer import layer_shapes
 from jaxrl_async.tasks import build_task
+from jaxrl_async.trainer.trainer import check_lora_rank
 
 
 def check_start(setup: TrainSetup, *, devices: bool) -> None:
@@ -33,6 +38,11 @@ def check_start(setup: TrainSetup, *, devices: bool) -> None:
     task.examples()
     if setup.run.eval.every:
         task.test_examples()
-    setup.engine_entry.check_model(setup.engine, model_config(setup.model.source))
+    cfg = model_config(setup.model.source)
+    setup.engine_entry.check_model(setup.engine, cfg)
+    if setup.trainer.lora.enabled:
+        check_lora_rank(setup.trainer, layer_shapes(cfg))
+    if setup.model.adapter is not None:
+        check_adapter_dir(setup.model.adapter, cfg)
     if devices:
         plan_run_placement(setup)

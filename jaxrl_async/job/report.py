@@ -1,5 +1,6 @@
 """What a run says about itself: summary.json (with the audit's verdict and the placement), the
-timing trace's `run` line, the HF export of the final policy, and the report printed at the end.
+timing trace's `run` line, the HF export of the final policy (with LoRA: the base and its PEFT
+adapter), and the report printed at the end.
 
 Every fact about the engine comes from its registry entry (`TrainSetup.engine_facts`) and every
 fact about where it runs from the cluster config (`engine_workers`), so a new backend or cluster
@@ -23,6 +24,8 @@ from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.job.tail_keys import policy_params, tail_keys
 from jaxrl_async.models.hf_weights import save_hf
 from jaxrl_async.models.loading import LoadedModel
+from jaxrl_async.models.lora import LoraAdapter, merged_params
+from jaxrl_async.models.peft_adapter import save_peft
 from jaxrl_async.runtime.metrics import METRICS_FILE, SUMMARY_FILE, record_times, summary, write_json
 from jaxrl_async.runtime.progress import tail_text
 from jaxrl_async.trainer.trainer import Trainer
@@ -67,12 +70,38 @@ def placement_summary(setup: TrainSetup, placement: Placement) -> dict[str, Any]
     return out
 
 
-def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path) -> Path:
-    """The trainer's final policy as HF safetensors in `run_dir/hf/`, in the model's dtype."""
+def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path, setup: TrainSetup) -> Path:
+    """The trainer's final policy as HF safetensors in `run_dir/hf/`, in the model's dtype.
+
+    With LoRA, hf/ holds the base model (the frozen weights the adapter trained on) and the
+    adapter in PEFT's format beside it (models/peft_adapter.py): transformers loads hf/ as base +
+    adapter, `model.source=hf model.adapter=hf` loads it here; `trainer.lora.export_merged` also
+    writes the merged weights as a plain HF model into hf/merged/."""
     # Host arrays: gathered from every process when the trainer's mesh spans them.
-    params = jax.tree.map(jnp.asarray, cast_floats(trainer.host_params(), loaded.cfg.dtype))
-    model = nnx.merge(trainer.graphdef, params)
-    return save_hf(model, loaded.cfg, run_dir / "hf", loaded.tokenizer)
+    trained = trainer.host_params()
+    if not isinstance(trained, LoraAdapter):
+        params = jax.tree.map(jnp.asarray, cast_floats(trained, loaded.cfg.dtype))
+        return save_hf(nnx.merge(trainer.graphdef, params), loaded.cfg, run_dir / "hf", loaded.tokenizer)
+    out = save_hf(loaded.model, loaded.cfg, run_dir / "hf", loaded.tokenizer)  # the base: never trained
+    lora = setup.trainer.lora
+    save_peft(trained, loaded.cfg, out, alpha=lora.alpha, base_model=setup.model.source)
+    if lora.export_merged:
+        base = nnx.to_pure_dict(nnx.state(loaded.model, nnx.Param))
+        merged = nnx.merge(trainer.graphdef, merged_params(base, trained))
+        save_hf(merged, loaded.cfg, out / "merged", loaded.tokenizer)
+    return out
+
+
+def lora_summary(setup: TrainSetup, loaded: LoadedModel, trainer: Trainer) -> dict[str, Any]:
+    """summary.json's `lora`: the adapter's size and what one weight push moves, adapter against
+    the full weights (both in the engine's dtype, the model's)."""
+    itemsize = jnp.dtype(loaded.cfg.dtype).itemsize
+    adapter = sum(x.size for x in jax.tree.leaves(trainer.params(copy=False)))
+    full = sum(x.size for x in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))
+    lora = setup.trainer.lora
+    return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets), "adapter_params": adapter,
+            "push_bytes": adapter * itemsize, "full_push_bytes": full * itemsize,
+            "push_fraction": adapter / full}
 
 
 def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir: Path,

@@ -35,6 +35,7 @@ from jaxrl_async.job.setup import TrainSetup
 from jaxrl_async.run_dir import LOCK_FILE, RUN_FILES, set_aside
 from jaxrl_async.runtime.metrics import METRICS_FILE
 from jaxrl_async.tasks.base import Task
+from jaxrl_async.trainer.config import LoraConfig
 from jaxrl_async.trainer.trainer import Trainer
 from planner.ledger import LEDGER_FILE
 from planner.run_trace import TRACE_FILE
@@ -44,7 +45,8 @@ log = logging.getLogger(__name__)
 # What a resume compares with the checkpoint (docs/fault_tolerance.md, "What a resume checks").
 # Refused: the planner's context and the data — the saved policy state, stream position and
 # untrained groups mean nothing under another B, n, η, seed, policy or dataset.
-REFUSED_CHANGES = ("policy", "batch_groups", "group_size", "max_staleness", "seed", "task_data", "steps")
+REFUSED_CHANGES = ("policy", "batch_groups", "group_size", "max_staleness", "seed", "task_data", "steps",
+                   "trainer.lora")
 # Warned: a run may go on with another learning rate or sampling setting, or from a moved model
 # directory (a model that does not fit the checkpoint's arrays fails when they are restored).
 WARNED_CHANGES = ("model.source", "trainer.optim.lr", "temperature", "top_p", "max_new_tokens", "task")
@@ -147,7 +149,14 @@ def run_meta(setup: TrainSetup, task: Task) -> dict[str, Any]:
             "max_staleness": run.max_staleness, "seed": run.seed, "steps": run.steps,
             "task_data": task_fingerprint(task), "model.source": setup.model.source,
             "trainer.optim.lr": setup.trainer.optim.lr, "temperature": run.temperature, "top_p": run.top_p,
-            "max_new_tokens": run.max_new_tokens, "task": dict(setup.task)}
+            "max_new_tokens": run.max_new_tokens, "task": dict(setup.task),
+            # Only with LoRA, so that a full fine-tuning run's meta is what it always was.
+            **({"trainer.lora": lora_meta(setup.trainer.lora)} if setup.trainer.lora.enabled else {})}
+
+
+def lora_meta(lora: LoraConfig) -> dict[str, Any]:
+    """The adapter's shape and scale: a checkpoint's adapter means nothing under others."""
+    return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets)}
 
 
 def task_fingerprint(task: Task) -> str:
@@ -168,8 +177,8 @@ def check_compatible(meta: Mapping[str, Any], now: Mapping[str, Any]) -> list[st
             if meta["step"] > now["steps"]:
                 raise ValueError(f"resume: steps={now['steps']} but the checkpointed run has trained {meta['step']} "
                                  f"steps; pass steps={meta['step']} to finish it or a larger steps= to train on")
-        elif key in saved and saved[key] != now[key]:
-            what = "the task's data (task.*) differs from" if key == "task_data" else f"{key}={now[key]!r} but"
+        elif key in saved and saved[key] != now.get(key):
+            what = "the task's data (task.*) differs from" if key == "task_data" else f"{key}={now.get(key)!r} but"
             had = "the checkpointed run's" if key == "task_data" else f"the checkpointed run has {key}={saved[key]!r}"
             raise ValueError(f"resume: {what} {had}; resume with the same setting")
     return [f"{key}: {saved[key]!r} -> {now[key]!r}" for key in WARNED_CHANGES

@@ -109,6 +109,14 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         raise ValueError(f"engine.{facts.slots_key}={facts.slots}: must be >= group_size={run.group_size} "
                          "(a group's samples are decoded together)")
     trainer = build(TrainerConfig, groups["trainer"], "trainer")
+    if model.adapter is not None and where.engine_workers is not None:
+        raise ValueError(f"model.adapter={model.adapter!r}: cluster={cluster.name}'s workers load model.source "
+                         "alone; merging an adapter there is not built yet")
+    if trainer.lora.enabled and (facts.places_itself or where.engine_workers is not None):
+        # Only the in-process JAX engine merges a pushed adapter (engines/jax/core.py).
+        where_to = f"engine={engine.name}" if facts.places_itself else f"cluster={cluster.name}"
+        raise ValueError(f"trainer.lora.rank={trainer.lora.rank}: LoRA with {where_to} is not built yet "
+                         "(only engine=jax in-process takes adapters); set trainer.lora.rank=0")
     return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer, cluster)
 
 

@@ -27,6 +27,9 @@ _ARCHITECTURES = {
     "Qwen3ForCausalLM": "qwen3",
 }
 ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+# The linear projections of every decoder layer, by their HF module names: what a LoRA adapter
+# (`trainer.lora.targets`, models/lora.py) and PEFT's `target_modules` name.
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 DTYPES = ("float32", "bfloat16")
 
 
@@ -213,7 +216,10 @@ class ModelSpec:
     Attributes:
       source: a registered name, a HF directory or a .gguf file
       dtype: the params' dtype; None = the source's own
+      adapter: a PEFT LoRA adapter directory (adapter_config.json + adapter_model.safetensors, e.g.
+        a LoRA run's hf/) merged into the source's weights when loaded; None = none
     """
 
     source: str
     dtype: str | None = None
+    adapter: str | None = None

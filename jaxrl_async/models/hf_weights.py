@@ -25,6 +25,8 @@ from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.trees import path_str
 
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # PEFT's file name (models/peft_adapter.py)
+
 # Layouts: how an HF tensor maps to our (per-layer) array.
 #   copy         same shape
 #   linear       HF [out, in]      -> ours [in, out]
@@ -52,6 +54,12 @@ _TOP_PARAMS = {
     "final_norm": ("model.norm.weight", "copy"),
     "lm_head": ("lm_head.weight", "linear"),
 }
+
+
+def hf_module(param: str) -> str:
+    """The HF module inside `model.layers.{i}.` that holds our layer param (`wq` ->
+    `self_attn.q_proj`): where a PEFT adapter of that projection lives (models/peft_adapter.py)."""
+    return _LAYER_PARAMS[param][0].removesuffix(".weight")
 
 
 def _to_hf(x: np.ndarray, layout: str) -> np.ndarray:
@@ -157,8 +165,8 @@ def read_safetensors(directory: str | Path) -> dict[str, np.ndarray]:
     index = directory / "model.safetensors.index.json"
     if index.exists():
         files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in directory.glob("*.safetensors"))
+    else:  # a LoRA run's hf/ also holds its PEFT adapter: not the model's weights
+        files = sorted(p.name for p in directory.glob("*.safetensors") if p.name != ADAPTER_WEIGHTS)
     if not files:
         raise ValueError(f"no *.safetensors in {directory}")
     tensors = {}

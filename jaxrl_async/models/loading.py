@@ -24,6 +24,8 @@ from flax import nnx
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.gguf_file import GGUFMissingKey, read_gguf, read_gguf_header
 from jaxrl_async.models.hf_weights import load_hf_state_dict, read_safetensors
+from jaxrl_async.models.lora import merged_params
+from jaxrl_async.models.peft_adapter import load_peft
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.tokenizer import Tokenizer, tiny_tokenizer
 
@@ -126,14 +128,28 @@ def _gguf(read: Callable[[], LoadedModel | ModelConfig]) -> LoadedModel | ModelC
         raise ValueError(f"model.source={e}") from None
 
 
-def load_model(source: str, *, dtype: str | None = None) -> LoadedModel:
-    """`source`: a name in MODELS, a HF directory (config.json + *.safetensors) or a .gguf file."""
+def load_model(source: str, *, dtype: str | None = None, adapter: str | None = None) -> LoadedModel:
+    """`source`: a name in MODELS, a HF directory (config.json + *.safetensors) or a .gguf file;
+    `adapter`: a PEFT LoRA directory merged into its weights (`model.adapter`, peft_adapter.py)."""
     kind = _kind(source)
     if kind == "name":
-        return MODELS[source](dtype)
-    if kind == "hf":
-        return load_hf_dir(source, dtype=dtype)
-    return _gguf(lambda: load_gguf(source, dtype=dtype))
+        loaded = MODELS[source](dtype)
+    elif kind == "hf":
+        loaded = load_hf_dir(source, dtype=dtype)
+    else:
+        loaded = _gguf(lambda: load_gguf(source, dtype=dtype))
+    if adapter is not None:
+        merge_adapter_dir(loaded, adapter)
+    return loaded
+
+
+def merge_adapter_dir(loaded: LoadedModel, directory: str) -> None:
+    """Merge the PEFT adapter in `directory` into `loaded.model`'s weights (W + scale A B), in place."""
+    lora = load_peft(directory, loaded.cfg)
+    state = nnx.state(loaded.model, nnx.Param)
+    merged = merged_params(nnx.to_pure_dict(state), lora)
+    nnx.replace_by_pure_dict(state, merged)
+    nnx.update(loaded.model, state)
 
 
 def model_config(source: str) -> ModelConfig:

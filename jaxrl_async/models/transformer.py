@@ -36,6 +36,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_async.models.config import ModelConfig
+from jaxrl_async.models.lora import LoraAdapter, merge_layers
 
 # Logical axis names used in `logical_axes` metadata (see jaxrl_async/sharding.py).
 LAYERS, VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP = (
@@ -409,6 +410,12 @@ def param_specs(cfg: ModelConfig) -> dict[str, tuple[tuple[int, ...], tuple[str 
     return specs
 
 
+def layer_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """{name: stacked shape} of the layers' parameters (`param_specs` under `layers/`)."""
+    return {path.split("/", 1)[1]: shape for path, (shape, _, _) in param_specs(cfg).items()
+            if path.startswith("layers/")}
+
+
 @partial(jax.jit, static_argnums=(1, 2))
 def _init_values(key: jax.Array, shapes_inits: tuple, dtype) -> tuple[jax.Array, ...]:
     # One jitted call and one random draw for all weights: eager jax.random compiles per op and
@@ -518,13 +525,16 @@ class Transformer(nnx.Module):
             self.lm_head = params["lm_head"]
 
     def __call__(self, tokens: jax.Array, positions: jax.Array,
-                 segments: jax.Array | None = None, *, remat: str = "none") -> jax.Array:
+                 segments: jax.Array | None = None, *, remat: str = "none",
+                 adapter: LoraAdapter | None = None) -> jax.Array:
         """tokens/positions int32 [B, T] -> float32 logits [B, T, V].
 
         Causal attention among the T tokens of a row (right padding is harmless); with
-        `segments` [B, T], only among tokens of the same segment (packed sequences).
+        `segments` [B, T], only among tokens of the same segment (packed sequences). `adapter`
+        (models/lora.py) is merged into each layer's weights as the scan reaches it.
         """
-        return project_logits(self.hidden_states(tokens, positions, segments, remat=remat), self.head())
+        return project_logits(self.hidden_states(tokens, positions, segments, remat=remat, adapter=adapter),
+                              self.head())
 
     def head(self) -> jax.Array:
         """The LM head as [E, V] (`unembedding`): `project_logits(hidden_states(...), head())`
@@ -532,7 +542,7 @@ class Transformer(nnx.Module):
         return unembedding(self.cfg, self.embed[...], None if self.cfg.tie_word_embeddings else self.lm_head[...])
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array, segments: jax.Array | None = None, *,
-                      remat: str = "none") -> jax.Array:
+                      remat: str = "none", adapter: LoraAdapter | None = None) -> jax.Array:
         """The last layer's output after the final norm, [B, T, E] in the params' dtype: what the
         LM head multiplies, for a caller that computes the logits in pieces (the trainer's
         `logits_chunk`) instead of as one [B, T, V] array."""
@@ -541,13 +551,16 @@ class Transformer(nnx.Module):
         attend = causal_attend(segments)
 
         def layer(x, p):
+            if adapter is not None:  # one layer's weights and adapter: merged here, so only the
+                p = merge_layers(*p, adapter.scale)  # adapter's slice is differentiated
             return decoder_layer(cfg, p, x, cos, sin, attend)[0], None
 
         if remat != "none":
             # prevent_cse=False: the scan already keeps XLA from merging the recompute back into
             # the forward pass, so prevent_cse's optimization barriers would only constrain it.
             layer = jax.checkpoint(layer, policy=REMAT_POLICIES[remat], prevent_cse=False)
-        x, _ = jax.lax.scan(layer, x, self.layers.stacked())
+        xs = self.layers.stacked() if adapter is None else (self.layers.stacked(), adapter.params["layers"])
+        x, _ = jax.lax.scan(layer, x, xs)
         return rms_norm(x, self.final_norm[...], cfg.rms_norm_eps)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from jaxrl_async.models.config import PROJECTIONS
 from planner.configs import check
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
@@ -148,6 +149,56 @@ class MeshConfig:
 
 
 @dataclass(frozen=True)
+class LoraConfig:
+    """`trainer.lora`: low-rank adapters (Hu et al. 2021) instead of full fine-tuning.
+
+    With rank r > 0 every targeted projection W of every layer trains W + (alpha / r) A B with A
+    [in, r] and B [r, out] (B starts at 0, so step 0 is the base model); the base weights are
+    frozen and only A and B have gradients and optimizer state (models/lora.py). The engine gets
+    only the adapter at a push and merges it into its copy of the base; the run's hf/ gains a PEFT
+    adapter beside the base weights. Dropout on the adapter's input is not built: the adapter is
+    merged into W for the forward (models/lora.py says why), where no input of its own exists.
+    The embedding, the LM head and the norms stay frozen: on the random `tiny` model, whose head
+    is drawn small and whose final RMSNorm bounds the hidden state, adapters cannot make the
+    near-uniform outputs confident, so the embedded repeat_letter demo does not learn with LoRA
+    (train a pretrained model's adapters instead: +experiment=smollm2_arithmetic_lora).
+
+    Attributes:
+      rank: r, the adapters' inner dimension; 0 = full fine-tuning (no adapter)
+      alpha: the adapter's scale is alpha / rank (PEFT's `lora_alpha`)
+      targets: the projections that get an adapter, by their HF module names (a subset of
+        q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)
+      export_merged: also write the merged weights (W + scale A B) as a HF model into hf/merged/
+    """
+
+    rank: int = 0
+    alpha: float = 16.0
+    targets: tuple[str, ...] = PROJECTIONS
+    export_merged: bool = False
+
+    def __post_init__(self) -> None:
+        check(isinstance(self.rank, int) and not isinstance(self.rank, bool) and self.rank >= 0, "trainer.lora.rank",
+              self.rank, "must be an int >= 0 (0: full fine-tuning)")
+        check(self.alpha > 0, "trainer.lora.alpha", self.alpha, "must be > 0")
+        object.__setattr__(self, "targets", tuple(self.targets))
+        unknown = [t for t in self.targets if t not in PROJECTIONS]
+        check(not unknown and len(self.targets) > 0, "trainer.lora.targets", list(self.targets),
+              f"must name one or more of the layers' projections {list(PROJECTIONS)}"
+              + (f" ({unknown[0]!r} matches no module)" if unknown else ""))
+        check(len(set(self.targets)) == len(self.targets), "trainer.lora.targets", list(self.targets),
+              "names a projection twice")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+    @property
+    def scale(self) -> float:
+        """alpha / rank: the factor of A B (only meaningful when `enabled`)."""
+        return self.alpha / self.rank if self.rank else 0.0
+
+
+@dataclass(frozen=True)
 class TrainerConfig:
     """`trainer=`: the loss, the optimizer, the device mesh and the train step's own keys.
 
@@ -168,6 +219,7 @@ class TrainerConfig:
         backward pass, so the logits' temporaries shrink to a chunk's for one extra head matmul. The
         same gradients up to float roundoff (jaxrl_async/trainer/step.py chunked_token_stats).
       mesh: the trainer's device mesh (`trainer.mesh.*`).
+      lora: low-rank adapters instead of full fine-tuning (`trainer.lora.*`; rank 0: off).
     """
 
     loss: LossConfig = field(default_factory=LossConfig)
@@ -177,6 +229,7 @@ class TrainerConfig:
     remat: str = "none"
     logits_chunk: int = 0
     mesh: MeshConfig = field(default_factory=MeshConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         check(isinstance(self.num_microbatches, int) and self.num_microbatches >= 1, "TrainerConfig.num_microbatches",

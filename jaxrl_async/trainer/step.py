@@ -16,6 +16,11 @@ micro-batch and the split moves no data.
 
 `params` and `opt_state` are donated where the step is jitted: the caller's previous arrays
 are invalid after the call.
+
+LoRA (`cfg.lora.rank > 0`): `params` is the adapter (models/lora.py) and the base model's params
+come as `frozen`, an argument that is neither differentiated nor updated nor donated; gradients
+and optimizer state exist for the adapter only. With `frozen=None` (full fine-tuning) every
+function here traces exactly the graph it traced before adapters existed.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import jax.numpy as jnp
 import optax
 from flax import nnx
 
+from jaxrl_async.models.lora import LoraAdapter
 from jaxrl_async.models.transformer import project_logits
 from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
@@ -88,23 +94,33 @@ def chunked_token_stats(hidden: jax.Array, head: jax.Array, targets: jax.Array,
     unchunk = lambda y: y.swapaxes(0, 1).reshape(rows, n * c)[:, :positions]  # noqa: E731
     return unchunk(token_logp), unchunk(entropy)
 
+def model_inputs(params: Params, frozen: Params | None, cfg: TrainerConfig) -> tuple[Params, LoraAdapter | None]:
+    """(the model's params, the adapter) of what the step trains: full fine-tuning trains the
+    model's params themselves (`frozen` None); LoRA trains the adapter `params` on the frozen base."""
+    if frozen is None:
+        return params, None
+    return frozen, LoraAdapter(params, cfg.lora.scale)
+
+
 def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
                       compute_dtype: str = "float32", remat: str = "none",
-                      logits_chunk: int = 0) -> tuple[jax.Array, jax.Array]:
+                      logits_chunk: int = 0, adapter: LoraAdapter | None = None) -> tuple[jax.Array, jax.Array]:
     """Per-token log-prob of tokens[:, t] given tokens[:, :t], and the entropy of that prediction.
 
     tokens [B, T] int32 -> (logprobs [B, T] f32, entropy [B, T] f32); column 0 (no prefix) is 0.
     `remat` (`TrainerConfig.remat`) only changes what a backward pass keeps, never the values;
     `logits_chunk` (`TrainerConfig.logits_chunk`) > 0 computes the logits that many tokens at a
-    time (`chunked_token_stats`), which changes the memory and roundoff only.
+    time (`chunked_token_stats`), which changes the memory and roundoff only. `adapter` (LoRA) is
+    merged into the layers' weights as the layer scan reaches them.
     """
     model = nnx.merge(graphdef, cast_floats(params, compute_dtype))
+    adapter = None if adapter is None else cast_floats(adapter, compute_dtype)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
     if logits_chunk:
-        hidden = model.hidden_states(tokens, positions, remat=remat)  # [B, T, E]
+        hidden = model.hidden_states(tokens, positions, remat=remat, adapter=adapter)  # [B, T, E]
         token_logp, entropy = chunked_token_stats(hidden[:, :-1], model.head(), tokens[:, 1:], logits_chunk)
     else:
-        logits = model(tokens, positions, remat=remat)  # [B, T, V] f32
+        logits = model(tokens, positions, remat=remat, adapter=adapter)  # [B, T, V] f32
         token_logp, entropy = _token_stats(logits[:, :-1], tokens[:, 1:])  # [B, T-1]
     pad = ((0, 0), (1, 0))
     return jnp.pad(token_logp, pad), jnp.pad(entropy, pad)
@@ -112,9 +128,10 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
 
 @partial(jax.jit, static_argnames=("graphdef", "compute_dtype", "logits_chunk"))
 def compute_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
-                     compute_dtype: str = "float32", logits_chunk: int = 0) -> jax.Array:
+                     compute_dtype: str = "float32", logits_chunk: int = 0,
+                     adapter: LoraAdapter | None = None) -> jax.Array:
     """[B, T] per-token log-probs (e.g. the reference policy's, for `TrainBatch.ref_logprobs`)."""
-    return sequence_logprobs(graphdef, params, tokens, compute_dtype, logits_chunk=logits_chunk)[0]
+    return sequence_logprobs(graphdef, params, tokens, compute_dtype, logits_chunk=logits_chunk, adapter=adapter)[0]
 
 
 def _split_rows(tree: Any, k: int) -> Any:
@@ -122,14 +139,15 @@ def _split_rows(tree: Any, k: int) -> Any:
     return jax.tree.map(lambda x: x.reshape(x.shape[0] // k, k, *x.shape[1:]).swapaxes(0, 1), tree)
 
 
-def _m2po_trusted_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: TrainerConfig) -> jax.Array:
+def _m2po_trusted_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: TrainerConfig,
+                       adapter: LoraAdapter | None) -> jax.Array:
     """M2PO's whole-batch trust region (`losses.m2po_trusted`), a [k, N/k, T] mask.
 
     The trust region is a statistic of the whole batch's log(pi_prox / mu), so with several
     micro-batches one no-grad forward of each comes first (the cut-off does not depend on row
     order, so the split rows serve as they are)."""
     prox = jax.lax.map(lambda tokens: sequence_logprobs(graphdef, params, tokens, cfg.compute_dtype,
-                                                        logits_chunk=cfg.logits_chunk)[0],
+                                                        logits_chunk=cfg.logits_chunk, adapter=adapter)[0],
                        micro["tokens"])  # [k, N/k, T]
     mask = micro["metric_weights"] > 0
     log_ratio = jnp.where(mask, jax.lax.stop_gradient(prox) - micro["behaviour_logprobs"], 0.0)
@@ -137,8 +155,9 @@ def _m2po_trusted_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg:
 
 
 def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBatch,
-                         cfg: TrainerConfig) -> tuple[Params, dict[str, jax.Array]]:
-    """Full-batch gradient (f32, like params) and metrics, scanning over micro-batches."""
+                         cfg: TrainerConfig, frozen: Params | None = None) -> tuple[Params, dict[str, jax.Array]]:
+    """Full-batch gradient (f32, like params) and metrics, scanning over micro-batches. With
+    `frozen` (LoRA), `params` is the adapter and the gradient is the adapter's only."""
     rows = {
         "tokens": batch.tokens,
         "behaviour_logprobs": batch.behaviour_logprobs,
@@ -147,11 +166,13 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
     }
     micro = _split_rows(rows, cfg.num_microbatches)
     if cfg.loss.off_policy == "m2po" and cfg.num_microbatches > 1:
-        micro["m2_trusted"] = _m2po_trusted_rows(graphdef, params, micro, cfg)
+        model_params, adapter = model_inputs(params, frozen, cfg)
+        micro["m2_trusted"] = _m2po_trusted_rows(graphdef, model_params, micro, cfg, adapter)
 
     def micro_loss(p: Params, mb: dict) -> tuple[jax.Array, dict]:
-        logprobs, entropy = sequence_logprobs(graphdef, p, mb["tokens"], cfg.compute_dtype, cfg.remat,
-                                              cfg.logits_chunk)
+        model_params, adapter = model_inputs(p, frozen, cfg)
+        logprobs, entropy = sequence_logprobs(graphdef, model_params, mb["tokens"], cfg.compute_dtype, cfg.remat,
+                                              cfg.logits_chunk, adapter=adapter)
         terms = {k: v for k, v in mb.items() if k != "tokens"}
         return policy_loss(logprobs, cfg=cfg.loss, entropy=entropy, **terms)
 
@@ -167,16 +188,17 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
 
 
 def train_step(graphdef: nnx.GraphDef, params: Params, opt_state: optax.OptState, batch: TrainBatch,
-               *, cfg: TrainerConfig, decay_paths: frozenset[str] | None = None
+               *, cfg: TrainerConfig, decay_paths: frozenset[str] | None = None, frozen: Params | None = None
                ) -> tuple[Params, optax.OptState, dict[str, jax.Array]]:
     """One optimizer update on `batch`; returns (params, opt_state, metrics). See module doc.
 
     Jit it where it is called, with `graphdef`, `cfg`, `decay_paths` static and `params`,
     `opt_state` donated (`Trainer` does, adding output shardings on a mesh). The optimizer is
     rebuilt from the static (hashable) `cfg.optim` and `decay_paths`, so two trainers of the
-    same model and config share one compiled step.
+    same model and config share one compiled step. `frozen`: the base params of a LoRA step (not
+    donated; `params` is then the adapter).
     """
-    grads, metrics = accumulate_gradients(graphdef, params, batch, cfg)
+    grads, metrics = accumulate_gradients(graphdef, params, batch, cfg, frozen)
     grad_norm = optax.global_norm(grads)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
     tx = make_optimizer(cfg.optim, decay_paths)

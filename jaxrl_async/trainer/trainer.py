@@ -8,6 +8,10 @@ obscurely, and counts applied updates.
 `version` counts *applied* updates only: a step skipped for a non-finite loss or gradient
 leaves the weights, the optimizer state (its step count, hence the learning-rate schedule) and
 the version unchanged, so version v always names the weights after v updates (docs/design.md §1).
+
+With `cfg.lora.rank > 0` (LoRA) the trained params are an adapter (models/lora.py): the model's
+params are kept as the frozen float32 base beside it — never donated, differentiated or decayed
+— and the optimizer state, checkpoints and weight pushes hold the adapter only.
 """
 
 from __future__ import annotations
@@ -20,12 +24,13 @@ import numpy as np
 from flax import nnx, serialization
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_async.models.lora import TARGETS, LoraAdapter, init_adapter, rank_limit
 from jaxrl_async.models.transformer import EMBED, LAYERS
-from jaxrl_async.sharding import RULES, batch_sharding, param_shardings
+from jaxrl_async.sharding import RULES, batch_sharding, logical_sharding, param_shardings
 from jaxrl_async.trainer.batch import TrainBatch
 from jaxrl_async.trainer.config import TrainerConfig
 from jaxrl_async.trainer.optim import make_optimizer, make_schedule
-from jaxrl_async.trainer.step import Params, compute_logprobs, train_step
+from jaxrl_async.trainer.step import Params, compute_logprobs, model_inputs, train_step
 from jaxrl_async.trees import cast_floats, check_like, leaves_by_path, path_str
 
 
@@ -62,6 +67,33 @@ def _optimizer_shardings(opt_shapes: Any, params: Params, param_sh: Params,
     return jax.tree_util.tree_map_with_path(one, opt_shapes)
 
 
+def lora_layer_shapes(state: nnx.State) -> dict[str, tuple[int, ...]]:
+    """{param: stacked shape} of the model's layer weights (what models/lora.py sizes adapters by)."""
+    return {name: tuple(value.shape) for name, value in nnx.to_pure_dict(state)["layers"].items()}
+
+
+def check_lora_rank(cfg: TrainerConfig, layer_shapes: dict[str, tuple[int, ...]]) -> None:
+    """`trainer.lora.rank` no larger than every target's smallest dimension (a one-line ValueError)."""
+    target, limit = rank_limit(layer_shapes, cfg.lora.targets)
+    if cfg.lora.rank > limit:
+        raise ValueError(f"trainer.lora.rank={cfg.lora.rank}: larger than {target}'s smaller dimension ({limit}); "
+                         f"use a rank <= {limit}")
+
+
+def _adapter_shardings(state: nnx.State, adapter: Params, mesh: Mesh) -> Params:
+    """A is sharded like its weight's input axes, B like its output axes; the rank axis is not."""
+    layers = state["layers"]
+    out = {}
+    for name, in_axes in TARGETS.values():
+        if name not in adapter["layers"]:
+            continue
+        axes = layers[name].get_metadata()["logical_axes"]
+        ab = adapter["layers"][name]
+        out[name] = {"a": logical_sharding((*axes[:1 + in_axes], None), ab["a"].shape, mesh),
+                     "b": logical_sharding((axes[0], None, *axes[1 + in_axes:]), ab["b"].shape, mesh)}
+    return {"layers": out}
+
+
 class Trainer:
     """`step(batch) -> metrics`, `params()` to publish, `version`, `state_dict()` to save."""
 
@@ -71,8 +103,17 @@ class Trainer:
         self.mesh = mesh
         graphdef, state = nnx.split(model, nnx.Param)
         self._graphdef = graphdef
-        self._decay_paths = _decay_paths(state)
         params = cast_floats(state.to_pure_dict(), jnp.float32)
+        self._frozen: Params | None = None  # LoRA: the base params, frozen
+        if cfg.lora.enabled:
+            check_lora_rank(cfg, lora_layer_shapes(state))
+            base = params
+            params = init_adapter(lora_layer_shapes(state), cfg.lora.rank, cfg.lora.targets, jax.random.key(0))
+            # Every adapter matrix decays, as PEFT's under a plain AdamW.
+            self._decay_paths = frozenset(jax.tree_util.keystr(p) for p, _ in
+                                          jax.tree_util.tree_flatten_with_path(params)[0])
+        else:
+            self._decay_paths = _decay_paths(state)
         init = make_optimizer(cfg.optim, self._decay_paths).init
         static = ("graphdef", "cfg", "decay_paths")
         donate = ("params", "opt_state")
@@ -80,11 +121,16 @@ class Trainer:
             # Committed to one device, as the step's outputs will be: jit keys its cache on
             # placement, so committed and uncommitted inputs would compile the step twice.
             params = jax.device_put(params, jax.devices()[0])
+            if cfg.lora.enabled:
+                self._frozen = jax.device_put(base, jax.devices()[0])
             opt_state = jax.device_put(jax.jit(init)(params), jax.devices()[0])
             self._train_step = jax.jit(train_step, static_argnames=static, donate_argnames=donate)
             self._row_sharding, self._row_shards = None, 1
         else:
             param_sh = nnx.State(param_shardings(state, mesh)).to_pure_dict()
+            if cfg.lora.enabled:
+                self._frozen = jax.device_put(base, param_sh)
+                param_sh = _adapter_shardings(state, params, mesh)
             opt_sh = _optimizer_shardings(jax.eval_shape(init, params), params, param_sh,
                                           NamedSharding(mesh, PartitionSpec()))
             params = jax.device_put(params, param_sh)
@@ -112,10 +158,16 @@ class Trainer:
     def graphdef(self) -> nnx.GraphDef:
         return self._graphdef
 
+    @property
+    def lora(self) -> bool:
+        """Whether the trained params are a LoRA adapter on a frozen base."""
+        return self._frozen is not None
+
     def params(self, dtype: str | None = None, copy: bool = True) -> Params:
-        """The current params as a nested dict (`nnx.merge(trainer.graphdef, p)` rebuilds the
-        model), float32 or cast to `dtype` (e.g. an engine's "bfloat16"). The step donates its
-        params, so `copy=False` (and no cast) returns arrays that die at the next `step`."""
+        """The current trained params as a nested dict, float32 or cast to `dtype` (e.g. an
+        engine's "bfloat16"): the model's (`nnx.merge(trainer.graphdef, p)` rebuilds it) or, with
+        LoRA, the adapter's ({"layers": {param: {"a", "b"}}}). The step donates its params, so
+        `copy=False` (and no cast) returns arrays that die at the next `step`."""
         if dtype is not None and jnp.dtype(dtype) != jnp.float32:
             return cast_floats(self._params, dtype)
         return jax.tree.map(jnp.copy, self._params) if copy else self._params
@@ -133,8 +185,11 @@ class Trainer:
         the mesh spans processes, an engine on process 0 cannot address the other processes'
         shards, so the full params are gathered to host memory on every process (a collective:
         every process calls this at the same point; jaxrl_async/cluster/lockstep.py).
+        With LoRA: the adapter alone, as a `LoraAdapter` (the engine merges it into its base).
         """
         params = self.params(dtype, copy=False)
+        if self.lora:
+            params = LoraAdapter(params, self.cfg.lora.scale)
         if self.mesh is None or not self.mesh.is_multi_process:
             return params
         from jax.experimental import multihost_utils
@@ -142,8 +197,9 @@ class Trainer:
         return multihost_utils.process_allgather(params, tiled=True)
 
     def host_params(self) -> Params:
-        """The float32 params as host numpy arrays (export, tests); a collective when the mesh
-        spans processes, like `engine_params`, whose gather it reuses."""
+        """The float32 trained params as host numpy arrays (export, tests), a `LoraAdapter` with
+        LoRA; a collective when the mesh spans processes, like `engine_params`, whose gather it
+        reuses."""
         return jax.device_get(self.engine_params("float32"))
 
     def _place(self, batch: TrainBatch) -> TrainBatch:
@@ -164,7 +220,7 @@ class Trainer:
         lr = float(self._schedule(self._version))
         self._params, self._opt_state, metrics = self._train_step(
             self._graphdef, self._params, self._opt_state, self._place(batch),
-            cfg=self.cfg, decay_paths=self._decay_paths)
+            cfg=self.cfg, decay_paths=self._decay_paths, frozen=self._frozen)
         metrics = {k: float(v) for k, v in jax.device_get(metrics).items()}
         if not metrics["skipped"]:
             self._version += 1
@@ -173,13 +229,15 @@ class Trainer:
 
     def logprobs(self, tokens: jax.Array) -> jax.Array:
         """[B, T] per-token log-probs of `tokens` under the current params (as in the loss)."""
-        return compute_logprobs(self._graphdef, self._params, jnp.asarray(tokens), self.cfg.compute_dtype,
-                                self.cfg.logits_chunk)
+        params, adapter = model_inputs(self._params, self._frozen, self.cfg)
+        return compute_logprobs(self._graphdef, params, jnp.asarray(tokens), self.cfg.compute_dtype,
+                                self.cfg.logits_chunk, adapter)
 
     # ------------------------------------------------------------------ checkpoints
 
     def state_dict(self) -> dict[str, Any]:
-        """Nested dicts of arrays plus `version` (an int): what orbax saves as a pytree."""
+        """Nested dicts of arrays plus `version` (an int): what orbax saves as a pytree. With LoRA
+        `params` is the adapter: the base is the model source the run's meta names."""
         return {"params": self._params,
                 "opt_state": serialization.to_state_dict(self._opt_state),
                 "version": self._version}

@@ -31,3 +31,19 @@ def test_the_recipe_runs_a_few_steps_audited_and_evaluated(tmp_path):
     assert [r["eval/version"] for r in evals] == [0, 1, 2] and all(r["eval/n"] == 4 for r in evals)
     assert all(0 <= r["eval/pass_at_1"] <= 1 and r["eval/reward_errors"] == 0 for r in evals)
     assert all(0 <= r["reward_mean"] <= 1 for r in records)
+
+
+def test_the_lora_recipe_pushes_under_two_percent_and_exports_a_peft_adapter(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, "-m", "jaxrl_async.train", "+experiment=smollm2_arithmetic_lora", "steps=2", "eval.every=0",
+         "tensorboard=false", "progress=off", f"hydra.run.dir={run}"],
+        cwd=REPO, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["completed"] and summary["audit_ok"] and summary["steps"] == 2
+    assert summary["lora"]["rank"] == 8 and summary["lora"]["push_fraction"] < 0.02
+    assert summary["lora"]["push_bytes"] < 0.02 * summary["lora"]["full_push_bytes"]
+    config = json.loads((run / "hf" / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (8, 32.0, "smollm2_135m")
+    assert (run / "hf" / "adapter_model.safetensors").is_file() and (run / "hf" / "model.safetensors").is_file()

@@ -25,6 +25,12 @@ or the paged one (paged.py). The host state is slots.py's public API (migration.
 use it). Weights are kept in the generation layout (`inference_weights`: one array per layer),
 made by one jitted copy when installed, beside a per-layer KV cache.
 
+LoRA: a push may be a `LoraAdapter` (the trainer's adapter alone, models/lora.py) instead of full
+weights. The core then keeps the weights it was built with as the base (no copy: installed weights
+are never donated) and merges each pushed adapter into it (`layout.merge_adapter`, one jitted
+call), so a push moves the adapter's bytes only, at the price of holding the base beside the
+merged weights.
+
 Placement: without a mesh, the cache goes to the weights' (first) device. With a (data, fsdp,
 tensor) `Mesh` (typically (1, 1, T)), weights and cache take the sharding table and the steps
 are jitted per core with explicit `out_shardings` (layout.py), so every step and weight install
@@ -41,7 +47,7 @@ from typing import Any
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_async.engines.base import GenerationRequest, RequestLimits, SampleOutput, check_new_request_id
 from jaxrl_async.engines.jax import compiles, layout, migration
@@ -52,6 +58,7 @@ from jaxrl_async.engines.jax.slots import LiveRequests, Slots
 from jaxrl_async.engines.jax.speculator import Speculator
 from jaxrl_async.engines.jax.weights import accept_params
 from jaxrl_async.models.config import ModelConfig
+from jaxrl_async.models.lora import LoraAdapter, check_adapter
 from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
 
@@ -93,6 +100,8 @@ class EngineCore:
             self._cache = jax.jit(make_cache, out_shardings=cache_placement)()  # made in place
         # The engine's own committed copy: updates arrive committed too, so the jitted steps
         # see the same input shardings before and after a swap (no recompilation).
+        self._full_installs = 0  # full weight sets accepted; 1 = only the ones built with
+        self._base: dict | None = None  # LoRA: the built-with weights, the adapters' base
         self._weights = self.check_params(params)
         device = next(iter(jax.tree.leaves(self._weights)[0].devices()))
         if mesh is None:
@@ -196,10 +205,25 @@ class EngineCore:
     def check_params(self, params: Any) -> dict:
         """Validate new weights against the engine's (ValueError naming the leaf) and copy them
         into the generation layout on the engine's devices (with a mesh: device to device,
-        layout.regrouped)."""
+        layout.regrouped). A `LoraAdapter` is checked against the layers' weights and merged into
+        the base (module docstring)."""
+        if isinstance(params, LoraAdapter):
+            return self._merged(params)
         if self.mesh is not None:
             params = layout.regrouped(params, self._reference)
+        self._full_installs += 1
         return self._steps.install(accept_params(self._reference, params))
+
+    def _merged(self, adapter: LoraAdapter) -> dict:
+        check_adapter(self._reference["layers"], adapter, "the pushed adapter")
+        if self._base is None:
+            if self._full_installs > 1:
+                raise ValueError("update_weights: a LoRA adapter after full weights; the engine no longer holds "
+                                 "the base model the adapter trains on")
+            self._base = self._weights
+        place = (NamedSharding(self.mesh, PartitionSpec()) if self.mesh is not None
+                 else next(iter(jax.tree.leaves(self._base)[0].devices())))
+        return self._steps.merge(self._base, jax.device_put(adapter, place))
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap weights now ("partial") or once in-flight samples finish ("drain"); `params`: an

@@ -22,12 +22,21 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_async.engines.jax import steps
+from jaxrl_async.models.lora import LoraAdapter, merge_layers
 from jaxrl_async.models.transformer import KVCache, inference_weights
 
 
 def generation_copy(params: dict) -> dict:
     # New arrays (jnp.copy), so a caller may donate or delete the weights it pushed.
     return jax.tree.map(jnp.copy, inference_weights(params))
+
+
+def merge_adapter(base: dict, adapter: LoraAdapter) -> dict:
+    """Generation-layout weights `base` with a stacked LoRA adapter merged into each layer
+    (models/lora.py `merge_layers`); leaves without an adapter are the base's own arrays."""
+    layers = tuple(merge_layers(layer, jax.tree.map(lambda x, i=i: x[i], adapter.params["layers"]), adapter.scale)
+                   for i, layer in enumerate(base["layers"]))
+    return {**base, "layers": layers}
 
 
 @dataclass(frozen=True)
@@ -38,6 +47,7 @@ class Steps:
     copy_prefix: Callable
     decode: Callable  # steps.engine_decode_steps
     install: Callable  # checked params -> the engine's own generation-layout copy
+    merge: Callable  # (base generation weights, LoraAdapter) -> merged generation weights
     prefill_paged: Callable  # the paged cache's (page_size > 0)
     copy_page: Callable
     read_pages: Callable
@@ -50,6 +60,7 @@ SHARED_STEPS = Steps(
     decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), static_argnames="kernel",
                    donate_argnums=4),
     install=jax.jit(generation_copy),
+    merge=jax.jit(merge_adapter),
     prefill_paged=jax.jit(steps.engine_prefill_paged, static_argnums=0, donate_argnums=2),
     copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0),
     read_pages=jax.jit(steps.engine_read_pages),
@@ -73,6 +84,7 @@ def mesh_steps(mesh: Mesh, cache: KVCache, weights: dict) -> Steps:
         decode=jax.jit(steps.engine_decode_steps, static_argnums=(0, 1, 2), static_argnames="kernel",
                        donate_argnums=4, out_shardings=(cache, replicated, replicated, replicated, replicated)),
         install=jax.jit(generation_copy, out_shardings=weights),
+        merge=jax.jit(merge_adapter, out_shardings=weights),
         prefill_paged=jax.jit(steps.engine_prefill_paged, static_argnums=0, donate_argnums=2,
                               out_shardings=cache),
         copy_page=jax.jit(steps.engine_copy_page, donate_argnums=0, out_shardings=cache),

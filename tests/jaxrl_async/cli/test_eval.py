@@ -124,3 +124,40 @@ def test_bad_input_is_one_line_and_status_1(capsys, args, message):
 def test_the_training_split_is_available_too(capsys):
     code, out, _ = run_main(capsys, "split=train", "limit=3", "max_new_tokens=2", "output=json")
     assert code == 0 and json.loads(out)["n"] == 3
+
+
+def test_model_adapter_evaluates_the_base_with_the_adapter_merged(capsys, tmp_path):
+    """A LoRA run's hf/ (base + PEFT adapter) scored with model.adapter= equals its merged weights
+    scored alone; an adapter of another model is one error line."""
+    import jax
+    from flax import nnx
+
+    from jaxrl_async.models.config import ModelConfig
+    from jaxrl_async.models.hf_weights import save_hf
+    from jaxrl_async.models.lora import LoraAdapter, init_adapter, merged_params
+    from jaxrl_async.models.peft_adapter import save_peft
+    from jaxrl_async.models.transformer import Transformer, layer_shapes
+
+    loaded = load_model("tiny")
+    params = init_adapter(layer_shapes(loaded.cfg), 4, ("q_proj", "v_proj", "down_proj"), jax.random.key(1))
+    params = jax.tree.map(lambda x: x + 0.2, params)  # a trained adapter moves the model
+    adapter = LoraAdapter(params, 2.0)
+    save_hf(loaded.model, loaded.cfg, tmp_path / "hf", loaded.tokenizer)
+    save_peft(adapter, loaded.cfg, tmp_path / "hf", alpha=8.0, base_model="tiny")
+    graphdef, state = nnx.split(loaded.model, nnx.Param)
+    merged = nnx.merge(graphdef, merged_params(nnx.to_pure_dict(state), adapter))
+    save_hf(merged, loaded.cfg, tmp_path / "merged", loaded.tokenizer)
+    common = ("task=repeat_letter", "limit=8", "max_new_tokens=8", "output=json")  # a dense reward
+    scored = {}
+    for name, args in {"adapter": (f"model.source={tmp_path / 'hf'}", f"model.adapter={tmp_path / 'hf'}"),
+                       "merged": (f"model.source={tmp_path / 'merged'}",),
+                       "base": (f"model.source={tmp_path / 'hf'}",)}.items():
+        code, out, err = run_main(capsys, *args, *common)
+        assert code == 0, err
+        scored[name] = json.loads(out)["greedy_mean_reward"]
+    assert scored["adapter"] == scored["merged"] != scored["base"], scored
+    other = ModelConfig.tiny(hidden_size=32)
+    save_hf(Transformer(other, rngs=nnx.Rngs(0)), other, tmp_path / "other", loaded.tokenizer)
+    code, out, err = run_main(capsys, f"model.source={tmp_path / 'other'}", f"model.adapter={tmp_path / 'hf'}", *common)
+    _, error = status_and_error(err)
+    assert code == 1 and out == "" and error.startswith(f"error: model.adapter='{tmp_path / 'hf'}': tensor "), err

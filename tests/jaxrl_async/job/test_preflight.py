@@ -33,6 +33,9 @@ def test_the_task_section_is_typed_with_the_others():
     (["model.source=/no/such/model"], r"^model.source='/no/such/model': neither a registered name"),
     ([*DRAFT, "engine.speculation.draft_model=layers:2"], r"^engine.speculation.draft_model='layers:2': N must be "
                                                           r"in \[1, 1\] \(the policy has 2 layers\)"),
+    (["trainer.lora.rank=40", "trainer.lora.targets=[k_proj]"], r"^trainer.lora.rank=40: larger than k_proj's "
+                                                                 r"smaller dimension \(32\); use a rank <= 32$"),
+    (["model.adapter=/no/such/adapter"], r"^model.adapter='/no/such/adapter': not a PEFT adapter directory"),
 ])
 def test_what_a_key_names_is_checked_before_anything_is_written(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -32,7 +32,7 @@ def test_variants_differ_where_their_papers_do():
 def test_unknown_keys_are_refused_with_the_known_ones():
     with pytest.raises(ValueError, match=r"trainer.optim.learning_rate: unknown key \(known: b1, b2, eps, lr,"):
         build(TrainerConfig, {"optim": {"learning_rate": 1e-3}}, "trainer")
-    with pytest.raises(ValueError, match=r"trainer.micro_batches: unknown key \(known: compute_dtype, logits_chunk, loss,"):
+    with pytest.raises(ValueError, match=r"trainer.micro_batches: unknown key \(known: compute_dtype, logits_chunk, lora, loss,"):
         build(TrainerConfig, {"micro_batches": 2}, "trainer")
     with pytest.raises(ValueError, match="TrainerConfig.compute_dtype='float16'"):
         TrainerConfig(compute_dtype="float16")
