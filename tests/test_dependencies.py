@@ -53,6 +53,14 @@ FEATURE_FILES = {
     "jaxrl_async/transports/nccl.py": "vllm",
     "jaxrl_async/envs/turn_endpoint.py": "envs",
     "jaxrl_async/tasks/verifiers_env.py": "envs",
+    "jaxrl_async/cli/serve.py": "serve",
+}
+# Feature modules that import their extra at module level (FastAPI reads the names its routes'
+# annotations use from the module): the module itself is only ever imported inside a function,
+# which `test_a_feature_module_is_imported_only_inside_functions` holds, so a bare install never
+# imports it either.
+FEATURE_MODULES = {
+    "jaxrl_async/serving/app.py": "serve",
 }
 # Modules of optional distributions that may be absent here, so packages_distributions() cannot
 # name them. `vllm` is the module of both the CUDA build and the CPU build.
@@ -69,13 +77,7 @@ USED_WITHOUT_IMPORT = {
     "hydra-submitit-launcher": "Hydra loads it for hydra/launcher=slurm (conf/hydra/launcher/slurm.yaml)",
     "mutmut": "benchmarks/mutation.sh runs its command line (the `mutation` extra; not in CI)",
     "tensorboard": "its command reads a run's tensorboardX events (README: tensorboard --logdir RUN_DIR)",
-    # Declared ahead of the modules that import them (issues 25 and 26 land in parts): each line
-    # goes when its FEATURE_FILES entry comes.
-    "verifiers": "task=verifiers (issue 25) imports it; declared with the envs extra, which CI installs",
-    "fastapi": "python -m jaxrl_async.serve (issue 25) imports it; declared with the serve extra",
-    "uvicorn": "python -m jaxrl_async.serve (issue 25) runs it; declared with the serve extra",
-    "peft": "LoRA adapters (issue 26) import it; declared with the lora extra",
-    "qwix": "LoRA in JAX (issue 26) imports it; declared with the lora extra",
+    "peft": "the PEFT round-trip test loads an exported adapter with it (pytest.importorskip; the lora extra)",
 }
 
 
@@ -198,6 +200,8 @@ def test_the_main_job_imports_only_main_dependencies_and_feature_files_their_ext
     main, extras = declared()
 
     def allowed(imp: Import) -> tuple[set[str], str]:
+        if imp.file in FEATURE_MODULES:
+            return main | extras[FEATURE_MODULES[imp.file]], f"[project] dependencies or extra {FEATURE_MODULES[imp.file]!r}"
         extra = FEATURE_FILES.get(imp.file)
         if extra is None:
             return main, "[project] dependencies"
@@ -209,6 +213,28 @@ def test_the_main_job_imports_only_main_dependencies_and_feature_files_their_ext
     assert not problems, ("add each distribution to [project] dependencies in pyproject.toml (or, for a file "
                           "that only an extra's feature runs, to that extra, imported inside a function):\n  "
                           + "\n  ".join(problems))
+
+
+def test_a_feature_module_is_imported_only_inside_functions():
+    for file, extra in FEATURE_MODULES.items():
+        assert extra in declared()[1], f"FEATURE_MODULES[{file!r}] = {extra!r}: no such extra in pyproject.toml"
+        name = file.removesuffix(".py").replace("/", ".")
+        parent, _, leaf = name.rpartition(".")
+        found = []
+        for path in (p for d in PACKAGE_DIRS for p in sorted((REPO / d).rglob("*.py"))):
+            tree = ast.parse(path.read_text())
+            in_function = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+                           for n in ast.walk(f)}
+            for node in ast.walk(tree):
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                         [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                         if isinstance(node, ast.ImportFrom) and node.module else [])
+                if name in names or any(n.startswith(name + ".") for n in names):
+                    found.append((path.relative_to(REPO), node.lineno, id(node) in in_function))
+        assert found, f"FEATURE_MODULES: nothing imports {name}; remove it from the table"
+        outside = [f"{p}:{line}" for p, line, inside in found if not inside]
+        assert not outside, f"{name} imports its extra {extra!r} at module level, so it must be imported only " \
+                            f"inside functions; imported at module level in: {outside}"
 
 
 def test_tests_and_benchmarks_import_only_declared_distributions():
@@ -223,7 +249,8 @@ def test_every_declared_distribution_is_imported_by_the_code_it_is_declared_for(
     package = imports_under(*PACKAGE_DIRS)
     used_by = {"main": package, "test": imports_under(*TEST_DIRS)}
     for extra in extras:
-        used_by.setdefault(extra, [imp for imp in package if FEATURE_FILES.get(imp.file) == extra])
+        used_by.setdefault(extra, [imp for imp in package
+                                   if {**FEATURE_FILES, **FEATURE_MODULES}.get(imp.file) == extra])
     unused = []
     for group, dists in {"main": main, **extras}.items():
         imported = set().union(*(distributions(imp.module) for imp in used_by[group]))
