@@ -101,7 +101,8 @@ def test_without_a_trace_nothing_is_written_and_the_steps_windows_do_not_pile_up
 REPO = Path(__file__).resolve().parents[3]
 # Line kinds the runtime does not write, each with the reason; a kind written since fails the test
 # below until it is taken off this list.
-NOT_WRITTEN = {"migrate": "the runtime traces no migration yet: calibrate's migration_s comes from hand-written traces"}
+NOT_WRITTEN = {"migrate": "the runtime traces no migration yet: calibrate's migration_s comes from hand-written traces",
+               "episode": "the runtime's episode engine writes it (issue 25); until then from hand-written traces"}
 
 
 def test_every_line_kind_of_the_schema_is_written_by_the_runtime():
