@@ -1,5 +1,5 @@
 """Multi-turn episodes in the simulator: a group whose samples alternate engine turns and
-environment steps (`workload=multi_turn`, docs/design.md §4.2).
+environment steps (`workload=multi_turn`, docs/design.md §4).
 
 A multi-turn group (a `SimGroup` with `episode` set) never runs on a worker itself. Each sample's
 model turn is a *turn run*: a one-sample `SimGroup` (`turn_of` = (group, sample)) that a worker
