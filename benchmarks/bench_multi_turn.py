@@ -21,7 +21,6 @@ the "best strict peer" only where b = η.
 from __future__ import annotations
 
 import argparse
-import csv
 import functools
 import sys
 import time
@@ -39,14 +38,10 @@ bp.SCENARIOS.setdefault(SCENARIO, ["workload=multi_turn", bp.DATASET, "sim=defau
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--etas", type=int, nargs="+", default=[1, 2, 4])
+    bp.add_run_args(ap, steps=60)
     ap.add_argument("--acceptance", type=float, default=0.7)
     ap.add_argument("--tokens", type=int, default=4)
     ap.add_argument("--draft-cost", type=float, default=0.05)
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--out", default="benchmarks/results")
     args = ap.parse_args()
     policy_class("lookahead")  # registers every policy
     # bench_tail's columns less the lookahead variants this table does not show
@@ -67,11 +62,7 @@ def main() -> int:
     for r, (_, column) in zip(rows, keys):
         r["column"] = column
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "multi_turn_runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k != "tail"], extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    bp.write_runs_csv(out / "multi_turn_runs.csv", rows)
     med = bp.median_rows(rows, ("eta", "column"))
     text = "\n".join(report(med, rows, columns, args, wall)) + "\n"
     (out / "multi_turn.md").write_text(text)
