@@ -29,6 +29,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from planner.sim.config import SimConfig
 from planner.sim.group import SimGroup
 from planner.sim.workloads import EpisodeDraw
 from planner.types import GroupState
@@ -172,6 +173,15 @@ class Episode:
 
     def last_versions(self) -> tuple[int, ...]:
         return tuple(s.newest for s in self.samples)
+
+
+def idle_keys(cfg: SimConfig) -> list[str]:
+    """A one-line warning for each `sim.*` key that cannot act on multi-turn turn runs."""
+    out = []
+    if cfg.faults.stall_prob:
+        out.append(f"sim.faults.stall_prob={cfg.faults.stall_prob}: has no effect with workload=multi_turn "
+                   "(its turn runs never hang; environment faults are workload.env_fail_p / env_timeout_s)")
+    return out
 
 
 class EpisodeStats:
