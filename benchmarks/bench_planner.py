@@ -227,13 +227,27 @@ def length_bias_only(args: argparse.Namespace) -> int:
     return 0
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_run_args(ap: argparse.ArgumentParser, *, steps: int) -> None:
+    """The options every simulator benchmark takes: seeds, steps, η values, parallel jobs, output folder."""
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=steps)
     ap.add_argument("--etas", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results")
+
+
+def write_runs_csv(path: Path, rows: list[dict]) -> None:
+    """One row a run, every column but the `tail` dict (the markdown tables read it); makes the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k != "tail"], extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_run_args(ap, steps=100)
     ap.add_argument("--policies", nargs="+", default=None)
     ap.add_argument("--length-bias-only", action="store_true", help="run only the length-bias table")
     args = ap.parse_args()
@@ -259,11 +273,7 @@ def main() -> int:
         rows = list(pool.map(run_one, jobs, chunksize=4))
     wall = time.perf_counter() - t0
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    with open(out / "planner_runs.csv", "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=[k for k in rows[0] if k != "tail"], extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
+    write_runs_csv(out / "planner_runs.csv", rows)
 
     med = median_rows(rows, ("scenario", "policy", "eta", "extra"))
     bounds = {(sc, eta): no_drop_bound(compose(SCENARIOS[sc] + [f"max_staleness={eta}", f"steps={args.steps}"]), eta)

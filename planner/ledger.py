@@ -5,7 +5,8 @@ Every path that trains — simulator or real runtime — writes `ledger.jsonl` t
 
     {"event": "admit", "uid": U, "version": a, "deadline": d|null, "prompt": id}
     {"event": "start", "uid": U, "version": v}                      (extension: engine start)
-    {"event": "train", "step": k, "groups": [{"uid": U, "versions": [[v, tokens], ...]}, ...]}
+    {"event": "train", "step": k, "groups": [{"uid": U, "versions": [[v, tokens], ...]
+                                               [, "turns": [[sample, [[v, tokens], ...]], ...]]}, ...]}
     {"event": "drop",  "uid": U, "step": k, "reason": "...", "tokens": t[, "length": l]}
     {"event": "move",  "uid": U, "from": k1, "to": k2}
     {"event": "migrate", "uid": U, "from": w1, "to": w2, "versions": [[v, tokens], ...]}
@@ -25,6 +26,13 @@ A kill in the middle of a write leaves a torn last line (no newline at its end):
 skips it, because it belongs to the step that was lost, and a resume cuts the file back to the
 checkpoint's length anyway (docs/fault_tolerance.md).
 
+`turns` on a trained group (an extension, written for multi-turn episodes) holds its per-turn
+spans: one item per model turn, in turn order within each sample (`sample` is the episode's index
+in the group), each with the versions of that turn's tokens. The audit checks that they add up,
+version for version, to the group's `versions`, and that within a sample no turn samples on older
+weights than the turn before it (a turn that starts after a weight update uses the newer weights).
+Single-turn groups carry no `turns` key.
+
 A `migrate` line says the running group U moved from engine replica (or simulated worker) w1 to
 w2 with its generated prefix kept; `versions` are the prefix's token versions at the move. The
 audit checks that the group's trained versions contain them, token for token: a move loses
@@ -41,14 +49,7 @@ from planner.jsonl import JsonlWriter, read_jsonl_lines
 from planner.types import Admission, Drop, Move, Versions
 
 LEDGER_FILE = "ledger.jsonl"
-
-
-def _group(uid: int, versions: Versions, turns: Sequence[tuple[int, Versions]] | None = None) -> dict[str, Any]:
-    """A train line's group entry; `turns` (multi-turn episodes): (sample, versions) of each model turn."""
-    entry: dict[str, Any] = {"uid": uid, "versions": [[v, t] for v, t in versions]}
-    if turns:
-        entry["turns"] = [[sample, [[v, t] for v, t in vs]] for sample, vs in turns]
-    return entry
+Turns = Sequence[tuple[int, Versions]]  # (sample, versions) per model turn of a multi-turn group
 
 
 class LedgerWriter(JsonlWriter):
@@ -64,14 +65,10 @@ class LedgerWriter(JsonlWriter):
     def start(self, uid: int, version: int) -> None:
         self.append({"event": "start", "uid": uid, "version": version})
 
-    def train(self, step: int, groups: Sequence[tuple[int, Versions]]) -> None:
-        self.append(
-            {
-                "event": "train",
-                "step": step,
-                "groups": [_group(*g) for g in groups],
-            }
-        )
+    def train(self, step: int, groups: Sequence[tuple[int, Versions] | tuple[int, Versions, Turns | None]]) -> None:
+        """`groups`: (uid, versions) or (uid, versions, turns); `turns` ((sample, versions) per model
+        turn, in order within each sample) writes the group's `turns` key, None leaves it out."""
+        self.append({"event": "train", "step": step, "groups": [_trained_group(*g) for g in groups]})
 
     def drop(self, d: Drop, tokens: int = 0, length: int | None = None) -> None:
         event = {"event": "drop", "uid": d.uid, "step": d.step, "reason": d.reason, "tokens": tokens}
@@ -95,6 +92,13 @@ class LedgerWriter(JsonlWriter):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _trained_group(uid: int, versions: Versions, turns: Turns | None = None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"uid": uid, "versions": [[v, t] for v, t in versions]}
+    if turns is not None:
+        entry["turns"] = [[sample, [[v, t] for v, t in span]] for sample, span in turns]
+    return entry
 
 
 class NullLedger:

@@ -9,7 +9,9 @@ drop), a token's version is older than its group's admission version or newer th
 that trained it, the ledger is malformed, empty, or stops short of the run's metrics.jsonl /
 summary.json, a `migrate` line names a group that is not open, a group's trained (or dropped)
 tokens do not contain the prefix a `migrate` line moved, version for version (a move lost or
-re-versioned tokens), or (with max_length_bias) the length-bias KS statistic exceeds it. η defaults
+re-versioned tokens), a multi-turn group's `turns` spans do not add up, version for version, to
+its `versions`, hold a negative count, or, within one sample, go back to an older version than
+the turn before (a later turn sampled on older weights), or (with max_length_bias) the length-bias KS statistic exceeds it. η defaults
 to the run's summary.json: its `staleness_bound` (the policy's own claim, looser than
 `max_staleness` for torchtitan's windowed FIFO) or else its `max_staleness`; with neither, only
 the structural checks apply.
@@ -44,6 +46,8 @@ class AuditReport:
     readmissions: int = 0
     moves: int = 0
     migrations: int = 0  # `migrate` lines: running groups moved to another replica, prefix kept
+    episodes: int = 0  # samples of trained multi-turn groups (those with `turns` spans) audited
+    turns: int = 0  # their model turns audited
     tokens_trained: int = 0
     tokens_wasted: int = 0
     max_token_staleness: int = 0
@@ -73,6 +77,8 @@ class AuditReport:
             f"max staleness {self.max_token_staleness} ({eta}), {self.violations} violations, "
             f"{self.groups_dropped} dropped, {len(self.lost)} lost, {len(self.trained_twice)} trained twice"
         )
+        if self.episodes:
+            text += f", {self.episodes} episodes ({self.turns} turns) checked turn by turn"
         ks, ratio = self.length_bias["ks"], self.length_bias["mean_length_ratio"]
         if ks is not None:
             text += f", length bias KS {ks:.3f} (trained/admitted mean length {ratio:.3f})"
@@ -150,6 +156,8 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
                     if lacking:
                         report.errors.append(f"line {line}: uid {uid} trained without the prefix a migration moved: "
                                              f"{lacking} (a move lost or re-versioned tokens)")
+                    if "turns" in grp:
+                        report.errors += _turn_errors(line, uid, grp["versions"], grp["turns"], report)
                     worst = total = 0
                     for v, tokens in grp["versions"]:
                         v, tokens = int(v), int(tokens)
@@ -223,6 +231,41 @@ def audit(run_dir: str | Path, max_staleness: int | None = None, *,
         report.max_token_staleness = max(s for s, t in hist.items() if t)
         report.mean_token_staleness = sum(s * t for s, t in hist.items()) / report.tokens_trained
     return report
+
+
+def _turn_errors(line: int, uid: int, versions: Any, turns: Any, report: AuditReport) -> list[str]:
+    """The findings on a trained group's per-turn spans (`turns`: [[sample, [[v, tokens], ...]],
+    ...], in turn order within each sample): counts >= 0; within a sample, the turns' versions read
+    in order never decrease (a later turn never samples on older weights); summed over all turns,
+    tokens per version equal the group's `versions`. Counts the episodes and turns on `report`."""
+    errors: list[str] = []
+    summed: Counter[int] = Counter()
+    newest: dict[int, int] = {}  # sample -> newest version its turns so far sampled on
+    for sample, span in turns:
+        sample = int(sample)
+        report.turns += 1
+        span = [(int(v), int(tokens)) for v, tokens in span]
+        for v, tokens in span:
+            if tokens < 0:
+                errors.append(f"line {line}: uid {uid} sample {sample} has a turn with {tokens} tokens of "
+                              f"version {v} (< 0)")
+            summed[v] += tokens
+        used = [v for v, tokens in span if tokens > 0]
+        before = newest.get(sample)
+        if used and before is not None and min(used) < before:
+            errors.append(f"line {line}: uid {uid} sample {sample} has a turn on version {min(used)} after a turn "
+                          f"on version {before} (a later turn sampled on older weights)")
+        newest[sample] = max([*used, -1] if before is None else [*used, before])
+    report.episodes += len(newest)
+    group: Counter[int] = Counter()
+    for v, tokens in versions:
+        group[int(v)] += int(tokens)
+    differ = [f"version {v}: turns {summed[v]} != group {group[v]}" for v in sorted(set(summed) | set(group))
+              if summed[v] != group[v]]
+    if differ:
+        errors.append(f"line {line}: uid {uid} samples {', '.join(map(str, sorted(newest)))}: their turns do not "
+                      f"add up to the group's versions: {', '.join(differ)}")
+    return errors
 
 
 def _lacking(moved: tuple[Counter[int], int] | None, versions: Any) -> str:

@@ -25,6 +25,10 @@ clock, earlier segments of a resumed run included (the runtime's `Controller.now
     {"event": "migrate", "t", "uid", "from", "to", "s" [, "prefill_tokens"]}   a running group moved
         from replica `from` to `to`; s: the move took this long (abort, transfer, re-prefill, up to
         the target's first token); prefill_tokens: prompt + prefix tokens the target prefilled
+    {"event": "episode", "t", "uid", "sample", "turns", "fault"}   a multi-turn episode finished
+        sample: its index in group `uid`; turns: [[queued_s, gen_s, env_s], ...] per model turn
+        (waiting for an engine slot, generating, in the environment step that followed); fault:
+        the kind of the environment fault that ended it early (a string), or null
 
 The `run` line carries `"speculation": {"when", "method", "tokens", "draft_model", "ngram",
 "max_active"}` when the engine speculates (`engine.speculation.*`, when ≠ never; the engine's facts,

@@ -1,6 +1,7 @@
 """Where the tail's time goes: per group and per step, from a run's timing record (docs/tail_analysis.md).
 
     tail(groups, steps)          # the `tail` dict of summary.json, from the records below
+    episode_split(events)        # multi-turn episodes: generation / environment / waiting
     from_run_dir(run_dir)        # a real run: trace.jsonl + ledger.jsonl + metrics.jsonl -> tail dict
 
 The simulator (its summary's `tail`), the training run's summary (jaxrl_async/job/report.py) and
@@ -24,6 +25,12 @@ between the groups of its batch. The figures (`tail`'s keys, each documented in 
 whether the straggler binds: how much of the trainer's wait would vanish if the slowest 5% of
 each batch had finished with the rest, and how slow a critical group's tokens are compared with
 the others'.
+
+Multi-turn episodes (a trace with `episode` lines, planner/run_trace.py) add a section of their
+own, `episodes` (`episode_split`): each episode's time split into *generation* (its turns on an
+engine), *environment* (the environment steps between and after them, which no engine time can
+speed up) and *waiting* (queued for an engine slot before each turn): totals, shares, and p50/p95
+per turn. A run without episode lines has no such key.
 
 The simulator feeds `GroupTimes` from its own clock (planner/sim/tail_log.py: exact stall and
 decode seconds); a real run's come from its trace, where a group's step cost is the mean s/step
@@ -65,6 +72,8 @@ FIGURES = {
     "mean_s": "mean seconds of each phase, critical groups vs the others",
 }
 PHASES = ("queue_s", "prefill_s", "load_s", "decode_s", "other_s", "trainer_s")
+# An episode turn's three parts, in the order of an `episode` line's [queued_s, gen_s, env_s].
+EPISODE_PARTS = ("waiting", "generation", "environment")
 
 
 @dataclass(frozen=True)
@@ -248,6 +257,46 @@ def groups_from_trace(events: Sequence[Mapping[str, Any]], trained: Mapping[int,
     return out
 
 
+def episode_split(events: Iterable[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """Where multi-turn episodes' time goes, from the trace's `episode` lines; None without any.
+
+    `episodes`, `turns`: counted; `faults`: episodes ended by an environment fault, per kind;
+    `total_s` / `share`: seconds (and share of all) waiting, generating, in the environment;
+    `per_turn_s`: p50 / p95 of each part over turns; `turns_per_episode`: p50 / p95."""
+    parts: dict[str, list[float]] = {p: [] for p in EPISODE_PARTS}
+    per_episode: list[int] = []
+    faults: dict[str, int] = defaultdict(int)
+    for e in events:
+        if e["event"] != "episode":
+            continue
+        per_episode.append(len(e["turns"]))
+        if e["fault"] is not None:
+            faults[str(e["fault"])] += 1
+        for turn in e["turns"]:
+            for part, seconds in zip(EPISODE_PARTS, turn):
+                parts[part].append(float(seconds))
+    if not per_episode:
+        return None
+    totals = {p: float(sum(v)) for p, v in parts.items()}
+    whole = sum(totals.values())
+
+    def q(values: Sequence[float]) -> dict[str, float | None]:
+        if not values:
+            return {"p50": None, "p95": None}
+        p50, p95 = np.percentile(np.asarray(values, float), [50, 95])
+        return {"p50": float(p50), "p95": float(p95)}
+
+    return {
+        "episodes": len(per_episode),
+        "turns": sum(per_episode),
+        "faults": dict(sorted(faults.items())),
+        "total_s": totals,
+        "share": {p: (totals[p] / whole if whole > 0 else None) for p in EPISODE_PARTS},
+        "per_turn_s": {p: q(v) for p, v in parts.items()},
+        "turns_per_episode": q([float(n) for n in per_episode]),
+    }
+
+
 def trained_steps(ledger: Iterable[Mapping[str, Any]]) -> dict[int, int]:
     """uid -> the step that trained it, from the ledger's `train` events."""
     return {g["uid"]: e["step"] for e in ledger if e.get("event") == "train" for g in e["groups"]}
@@ -262,4 +311,8 @@ def from_run_dir(run_dir: str | Path) -> dict[str, Any]:
     events = list(read_run_trace(run_dir / TRACE_FILE))
     rows = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line.strip()]
     groups = groups_from_trace(events, trained_steps(read_ledger(run_dir / LEDGER_FILE)))
-    return tail(groups, steps_from_metrics(rows))
+    out = tail(groups, steps_from_metrics(rows))
+    split = episode_split(events)
+    if split is not None:
+        out["episodes"] = split
+    return out

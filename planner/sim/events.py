@@ -21,6 +21,7 @@ class EventKind(enum.IntEnum):
     STEP_DONE = 4  # payload: step
     STALL = 5  # payload: (uid, worker, run token): the stall timeout of a hung attempt expires
     LOAD = 6  # payload: (worker, version, life): the worker starts loading a published version (load_lag)
+    ENV = 7  # payload: (uid, sample, attempt): a multi-turn sample's environment step ends
 
 
 Event = tuple[float, EventKind, Any]

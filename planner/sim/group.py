@@ -2,17 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from planner.types import GroupState
+
+if TYPE_CHECKING:
+    from planner.sim.episodes import Episode
 
 
 class SimGroup:
     """One admitted group. A *run* is one stretch of generation on one worker (a resume after a
-    fault starts a second run that continues the remaining tokens)."""
+    fault starts a second run that continues the remaining tokens). A multi-turn group runs as
+    turn runs, one-sample groups of its own (planner/sim/episodes.py)."""
 
     __slots__ = (
         "uid", "prompt_id", "prompt_tokens", "lengths", "done_tok", "state", "priority", "seq",
         "worker", "token", "rem", "base", "seg_base", "remaining", "kv", "versions", "last_versions",
-        "started", "min_version", "hangs", "stuck", "fast", "critical",
+        "started", "min_version", "hangs", "stuck", "fast", "critical", "episode", "turn_of",
     )
 
     def __init__(self, uid: int, prompt_id: int | str, prompt_tokens: int, lengths: list[int]) -> None:
@@ -39,6 +45,8 @@ class SimGroup:
         self.stuck = 0  # sequences of its hung run holding slots on its worker (0: not hung)
         self.fast = False  # its run speculates: progress counts on its worker's `scounter`
         self.critical = False  # named in Decision.critical in this attempt (when=critical speculates it)
+        self.episode: Episode | None = None  # a multi-turn group's samples (planner/sim/episodes.py)
+        self.turn_of: tuple[SimGroup, int] | None = None  # a turn run's (multi-turn group, sample)
 
     def run_tokens(self, counter: float) -> int:
         """Tokens this run has generated when its worker's counter of its kind (decode steps, or

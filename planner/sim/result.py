@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from planner.sim.workloads import workload_params
-from planner.tail_analysis import steps_from_metrics, tail
+from planner.tail_analysis import episode_split, steps_from_metrics, tail
 from planner.types import GroupState
 
 if TYPE_CHECKING:
@@ -48,6 +48,13 @@ def summarize(sim: Simulator, deadlock: bool, wall_s: float) -> SimResult:
     step rows recorded so far and the deadlock flag."""
     now, policy = sim.now, sim.policy
     params = getattr(policy, "params", None)
+    tail_figures = tail(sim.tail_log.groups(), steps_from_metrics(sim.metrics.steps))
+    extras = {}
+    if sim.workload.episodic:  # multi-turn: what the episodes did, and where their time went
+        extras["episodes"] = sim.episodes.summary()
+        split = episode_split(sim.episodes.records)
+        if split is not None:
+            tail_figures["episodes"] = split
     summary = sim.metrics.summary(
         policy=policy.name,
         max_staleness=sim.ctx.max_staleness,
@@ -67,7 +74,8 @@ def summarize(sim: Simulator, deadlock: bool, wall_s: float) -> SimResult:
         policy_params=dataclasses.asdict(params) if dataclasses.is_dataclass(params) else {},
         workload=workload_params(sim.workload),
         seed=sim.seed,
-        tail=tail(sim.tail_log.groups(), steps_from_metrics(sim.metrics.steps)),
+        tail=tail_figures,
         **sim.tail.summary(),
+        **extras,
     )
     return SimResult(summary, sim.metrics.steps, deadlock)

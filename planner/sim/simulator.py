@@ -20,6 +20,10 @@ every worker's decode steps from a batch's hand-over to its STEP_DONE (Worker.se
 worker's next completion recomputed at both instants. At 0 no factor changes and no event is
 added: runs are exactly those without the term.
 
+Multi-turn groups (`workload=multi_turn`) run as turn runs with environment steps between them
+(an ENV event ends one); `Episode` (planner/sim/episodes.py) keeps their samples, the loop
+routes their turns, reports the group's start and end to the policy and writes its `turns` spans.
+
 The tail (`Decision.critical`, `Decision.migrate`; docs/design.md §2.14) is `SimTail`'s
 (planner/sim/tail.py): it decides what a mark or a move does to the workers; the loop books a
 moved prefix with the policy, writes the ledger's `migrate` line and reschedules the workers.
@@ -39,6 +43,7 @@ import numpy as np
 from planner.driver import apply_decision
 from planner.ledger import LedgerWriter, NullLedger
 from planner.sim.config import SimConfig
+from planner.sim.episodes import Episode, EpisodeStats
 from planner.sim.events import EventKind, EventQueue
 from planner.sim.faults import FaultPlan
 from planner.sim.group import SimGroup
@@ -95,6 +100,7 @@ class Simulator:
         self.metrics = RunMetrics()
         self.tail_log = TailLog()  # each group's seconds, for the tail analysis
         self.tail = SimTail(cfg.workers, self.workers, self.tail_log)  # critical marks, migrations
+        self.episodes = EpisodeStats()  # what trained multi-turn groups' episodes did
         self.queue = EventQueue()
         self.now = 0.0
         self.groups: dict[int, SimGroup] = {}  # admitted, untrained, not dropped
@@ -118,6 +124,7 @@ class Simulator:
             EventKind.STEP_DONE: self._on_step_done,
             EventKind.STALL: self._on_stall,
             EventKind.LOAD: self._on_load,
+            EventKind.ENV: self._on_env,
         }
 
     # ================================================================== loop
@@ -172,24 +179,37 @@ class Simulator:
 
     def mark_critical(self, uids: list[int]) -> None:
         for uid in uids:
-            w = self.tail.mark(self.now, self.groups[uid])
+            g = self.groups[uid]
+            if g.episode is not None:  # its turns in flight and to come; environment steps stay as they are
+                for w in self.tail.mark_turns(self.now, g, g.episode.runs()):
+                    self._reschedule(w)
+                continue
+            w = self.tail.mark(self.now, g)
             if w is not None:
                 self._reschedule(w)
 
     def migrate_groups(self, uids: list[int]) -> None:
         for uid in uids:
             g = self.groups[uid]
-            move = self.tail.leave(self.now, g)
-            if move is None:
-                continue
-            src, dst, booked = move
-            if booked:
-                self._apply(self.p.on_tokens(uid=uid, version=src.version, tokens=booked, now=self.now), "on_tokens")
-            self.ledger.migrate(uid, src.index, dst.index, g.versions_list())
-            self.tail.arrive(self.now, g, src, dst)
-            self._kick(src, force=True)
-            self._kick(dst, force=True)
-            self._changed = True
+            for run in (g.episode.runs() if g.episode is not None else [g]):  # a multi-turn group: its turns
+                if g.state == GroupState.DROPPED:
+                    break  # dropped by the policy while a move was reported
+                self._migrate(g, run)
+
+    def _migrate(self, g: SimGroup, run: SimGroup) -> None:
+        """Move `run` (group `g` itself, or one of its turn runs) to a better worker if one exists."""
+        move = self.tail.leave(self.now, run)
+        if move is None:
+            return
+        src, dst, booked = move
+        if booked:
+            self._apply(self.p.on_tokens(uid=g.uid, version=src.version, tokens=booked, now=self.now), "on_tokens")
+        versions = g.episode.versions_list() if g.episode is not None else g.versions_list()
+        self.ledger.migrate(g.uid, src.index, dst.index, versions)
+        self.tail.arrive(self.now, run, src, dst)
+        self._kick(src, force=True)
+        self._kick(dst, force=True)
+        self._changed = True
 
     def _reschedule(self, w: Worker) -> None:
         """`w` changed (a start, an end, its rates): its next completion is recomputed; the
@@ -201,8 +221,10 @@ class Simulator:
 
     def admit_group(self, a: Admission) -> None:
         if a.uid in self.window:
-            c, prompt_tokens, lengths = self.window.take(a.uid)
+            c, prompt_tokens, lengths, draws = self.window.take(a.uid)
             g = SimGroup(a.uid, c.prompt_id, prompt_tokens, lengths)
+            if draws is not None:
+                g.episode = Episode(g, draws)
             self.groups[a.uid] = g
             self.admitted += 1
             self.metrics.admit(g.total_length)
@@ -215,18 +237,32 @@ class Simulator:
         g.min_version = a.version
         g.critical = False  # a new attempt: the policy marks it again if the trainer needs it
         g.hangs = bool(self.stall_prob) and self.stall_rng.random() < self.stall_prob  # drawn per attempt
-        self._route(g)
         self._changed = True
+        if g.episode is None:
+            self._route(g)
+            return
+        g.state = GroupState.QUEUED
+        for run in g.episode.to_queue(self.now):
+            self._route(run)
+        if g.episode.done:  # lost after its last turn: nothing left to run
+            self._episode_started(g, a.version)
+            if g.state == GroupState.RUNNING:  # not dropped at its start
+                self._episode_finished(g)
 
     def drop_group(self, d: Drop) -> None:
         g = self.groups[d.uid]
-        if g.state == GroupState.RUNNING:
+        if g.episode is not None:
+            self._stop_turns(g, report=False)
+            g.episode.attempt += 1  # its environment steps in flight end nothing
+            if g.state == GroupState.LOST:
+                del self.lost[d.uid]
+        elif g.state == GroupState.RUNNING:
             w = self.workers[g.worker]
             w.abort(self.now, g)
             self._kick(w, force=True)
         elif g.state == GroupState.LOST:
             del self.lost[d.uid]
-        tokens = g.generated
+        tokens = g.episode.generated() if g.episode is not None else g.generated
         g.state = GroupState.DROPPED
         del self.groups[d.uid]
         self.ledger.drop(d, tokens, length=g.total_length)
@@ -238,14 +274,20 @@ class Simulator:
         if not trainer.waiting:
             raise ValueError(f"policy {self.policy.name}: a batch while the trainer is busy")
         step = trainer.step
-        batch, prompt_tokens = [], 0
+        batch, prompt_tokens, entries = [], 0, []
         for uid in uids:
             g = self.groups[uid]
             batch.append((uid, g.versions_list(), len(g.lengths)))
             prompt_tokens += g.prompt_tokens * len(g.lengths)
+            if g.episode is None:
+                entries.append((uid, batch[-1][1]))
+            else:  # the environment's replies are in the trained sequences too, masked out of the loss
+                entries.append((uid, batch[-1][1], g.episode.turns()))
+                prompt_tokens += g.episode.reply_tokens()
+                self.episodes.trained(g.episode)
             g.state = GroupState.TRAINED
             del self.groups[uid]
-        self.ledger.train(step, [(uid, v) for uid, v, _ in batch])
+        self.ledger.train(step, entries)
         self.tail_log.trained(step, uids)
         hist = self.metrics.train(step, batch)
         tokens = sum(hist.values())
@@ -298,6 +340,9 @@ class Simulator:
             self._reschedule(w)
 
     def _started(self, w: Worker, g: SimGroup) -> None:
+        if g.turn_of is not None:
+            self._turn_started(w, g)
+            return
         if g.stuck:  # a hung attempt: the watchdog gives up on it stall_timeout_s from now
             self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
         self.ledger.start(g.uid, w.version)
@@ -308,6 +353,9 @@ class Simulator:
             self._finished(g, w.version)
 
     def _finished(self, g: SimGroup, version: int) -> None:
+        if g.turn_of is not None:
+            self._turn_finished(g)
+            return
         last = tuple(g.last_versions) if g.last_versions else (version,)
         self.tail_log.finished(g.uid, g.worker, self.now, self.workers[g.worker].stalled_by(self.now))
         self._changed = self._ask = True
@@ -315,6 +363,83 @@ class Simulator:
             self.p.on_group_finished(uid=g.uid, versions=g.versions_list(), now=self.now, last_versions=last),
             "on_group_finished",
         )
+
+    # ================================================================== multi-turn episodes
+    def _turn_started(self, w: Worker, run: SimGroup) -> None:
+        """A turn run started on `w`; the group's first turn of an attempt starts the group."""
+        g, sample = run.turn_of
+        g.episode.started(sample, self.now)
+        if g.state == GroupState.QUEUED:
+            self._episode_started(g, w.version)
+        if run.state == GroupState.DONE and g.state == GroupState.RUNNING:  # a resumed turn with nothing left
+            self._turn_finished(run)
+
+    def _episode_started(self, g: SimGroup, version: int) -> None:
+        g.state = GroupState.RUNNING
+        self.ledger.start(g.uid, version)
+        self._changed = True
+        self._apply(self.p.on_group_started(uid=g.uid, version=version, now=self.now), "on_group_started")
+
+    def _turn_finished(self, run: SimGroup) -> None:
+        """A turn ended: its sample goes to its environment step (an ENV event ends it)."""
+        g, sample = run.turn_of
+        env_s = g.episode.turn_done(sample, self.now)
+        self._out.append((self.now + env_s, EventKind.ENV, (g.uid, sample, g.episode.attempt)))
+
+    def _on_env(self, payload: tuple[int, int, int]) -> None:
+        """A sample's environment step ended: its next turn is queued, or the sample is done."""
+        uid, sample, attempt = payload
+        g = self.groups.get(uid)
+        if g is None or g.episode is None or g.episode.attempt != attempt:
+            return  # dropped, trained, or started over meanwhile
+        if g.episode.env_done(sample):
+            if g.state != GroupState.LOST:  # a lost group queues it when re-admitted
+                for run in g.episode.to_queue(self.now):
+                    self._route(run)
+        elif g.episode.done and g.state != GroupState.LOST:
+            if g.state == GroupState.QUEUED:  # re-admitted after its last turn: nothing left to run
+                self._episode_started(g, g.min_version)
+            if g.state == GroupState.RUNNING:  # not dropped at its start
+                self._episode_finished(g)
+
+    def _episode_finished(self, g: SimGroup) -> None:
+        g.state = GroupState.DONE
+        self._changed = self._ask = True
+        self._apply(self.p.on_group_finished(uid=g.uid, versions=g.versions_list(), now=self.now,
+                                             last_versions=g.episode.last_versions()), "on_group_finished")
+
+    def _stop_turns(self, g: SimGroup, *, report: bool) -> None:
+        """Take every turn of `g` off the engine (a fault elsewhere, a drop); with `report`, the
+        policy hears of the tokens each running one booked."""
+        for run in g.episode.runs():
+            if run.state == GroupState.RUNNING:
+                w = self.workers[run.worker]
+                booked = w.abort(self.now, run)
+                g.episode.stopped(run)  # before the policy hears of it: a drop then finds it stopped
+                self._kick(w, force=True)
+                if report and booked:
+                    self._apply(self.p.on_tokens(uid=g.uid, version=w.version, tokens=booked, now=self.now),
+                                "on_tokens")
+            else:
+                g.episode.stopped(run)
+
+    def _owners(self, lost: list[SimGroup], keep: bool) -> list[SimGroup]:
+        """The groups a dead worker's runs belong to: a turn run stands for its multi-turn group,
+        once, whose other turns stop with it."""
+        out, seen = [], set()
+        for g in lost:
+            if g.turn_of is None:
+                out.append(g)
+                continue
+            g.turn_of[0].episode.stopped(g)
+        for g in lost:
+            if g.turn_of is not None and g.turn_of[0].uid not in seen:
+                owner = g.turn_of[0]
+                seen.add(owner.uid)
+                if owner.state not in (GroupState.DROPPED, GroupState.LOST):
+                    self._stop_turns(owner, report=keep)
+                    out.append(owner)
+        return out
 
     def _load(self, w: Worker, version: int) -> None:
         """Weights `version` go onto `w` (partial rollout books in-flight tokens to the old version)."""
@@ -398,6 +523,7 @@ class Simulator:
                 self._apply(self.p.on_tokens(uid=g.uid, version=version, tokens=tokens, now=self.now), "on_tokens")
             lost.append(g)
         lost.extend(queued)
+        lost = self._owners(lost, keep)
         for g in lost:
             if g.state != GroupState.DROPPED:  # not dropped by the policy while we reported the fault
                 self._lose(g, keep=keep)
@@ -428,8 +554,10 @@ class Simulator:
         """`g`'s attempt is given up (a fault, a stall); without its prefix (`keep` False) its
         tokens are wasted and a re-admission regenerates it from the start."""
         if not keep:
-            self.metrics.waste(g.generated)
+            self.metrics.waste(g.episode.generated() if g.episode is not None else g.generated)
             g.versions, g.last_versions, g.done_tok, g.token = {}, [], [0] * len(g.lengths), -1
+            if g.episode is not None:
+                g.episode.restart()
         g.state = GroupState.LOST
         self.lost[g.uid] = g
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.sim.workloads import Workload
+from planner.sim.workloads import EpisodeDraw, Workload
 from planner.types import Candidate
 
 BLOCK = 4096  # groups drawn per vectorized call
@@ -23,17 +23,19 @@ class AdmissionWindow:
         self.rng = rng
         self.size = size
         self._shown: list[Candidate] = []  # stream order, as `candidates` last returned it
-        self._data: dict[int, tuple[Candidate, int, list[int]]] = {}  # uid -> (candidate, prompt tokens, lengths)
+        # uid -> (candidate, prompt tokens, lengths, its samples' episodes or None)
+        self._data: dict[int, tuple[Candidate, int, list[int], list[EpisodeDraw] | None]] = {}
         self._taken = False  # admissions since `candidates` was last read
         self._next_uid = 0
-        self._block: list[tuple[int | str, int, list[int]]] = []
+        self._block: list[tuple[int | str, int, list[int], list[EpisodeDraw] | None]] = []
         self._block_pos = 0
         self.refill()
 
-    def _draw(self) -> tuple[int | str, int, list[int]]:
+    def _draw(self) -> tuple[int | str, int, list[int], list[EpisodeDraw] | None]:
         if self._block_pos == len(self._block):
             d = self.workload.sample(self.rng, BLOCK)
-            self._block = list(zip(d.prompt_ids, d.prompt_tokens.tolist(), d.lengths.tolist()))
+            episodes = d.episodes if d.episodes is not None else [None] * len(d.prompt_ids)
+            self._block = list(zip(d.prompt_ids, d.prompt_tokens.tolist(), d.lengths.tolist(), episodes))
             self._block_pos = 0
         row = self._block[self._block_pos]
         self._block_pos += 1
@@ -41,12 +43,12 @@ class AdmissionWindow:
 
     def refill(self) -> None:
         while len(self._shown) < self.size:
-            prompt_id, prompt_tokens, lengths = self._draw()
+            prompt_id, prompt_tokens, lengths, episodes = self._draw()
             uid = self._next_uid
             self._next_uid += 1
             c = Candidate(uid, prompt_id, prompt_tokens, max(lengths))
             self._shown.append(c)
-            self._data[uid] = (c, prompt_tokens, lengths)
+            self._data[uid] = (c, prompt_tokens, lengths, episodes)
 
     @property
     def candidates(self) -> list[Candidate]:
@@ -62,7 +64,8 @@ class AdmissionWindow:
     def __contains__(self, uid: int) -> bool:
         return uid in self._data
 
-    def take(self, uid: int) -> tuple[Candidate, int, list[int]]:
-        """Admit candidate `uid`: returns (candidate, prompt tokens, lengths); it leaves the window."""
+    def take(self, uid: int) -> tuple[Candidate, int, list[int], list[EpisodeDraw] | None]:
+        """Admit candidate `uid`: returns (candidate, prompt tokens, lengths, episodes: its samples'
+        `EpisodeDraw`s for a multi-turn workload, else None); it leaves the window."""
         self._taken = True
         return self._data.pop(uid)

@@ -20,6 +20,10 @@ completions.
   simplification: a real transfer would delay only the group), and starts the group at once,
   ahead of its queue (the policy names only groups the trainer waits for).
 
+A multi-turn group (planner/sim/episodes.py) is marked and moved turn by turn: a mark makes its
+turns in flight and its later turns speculate, a migration moves each of its running turns; the
+environment steps between its turns are left alone — no engine time shortens them.
+
 Neither adds a random draw; with speculation never and no migrate decisions, runs are as without
 this module.
 """
@@ -58,6 +62,21 @@ class SimTail:
         if g.state == GroupState.RUNNING and self.workers[g.worker].make_fast(now, g):
             return self.workers[g.worker]
         return None
+
+    def mark_turns(self, now: float, g: SimGroup, runs: list[SimGroup]) -> list[Worker]:
+        """Multi-turn group `g` is critical: its turn runs in flight speculate from `now` on and
+        its later turns from their start (its environment steps are not the engine's to speed
+        up). Returns the workers whose rates changed."""
+        if self.speculation.when != "critical":
+            return []
+        g.critical = True  # its later turns inherit the mark (planner/sim/episodes.py)
+        self.marked += 1
+        changed = []
+        for run in runs:
+            run.critical = True
+            if run.state == GroupState.RUNNING and self.workers[run.worker].make_fast(now, run):
+                changed.append(self.workers[run.worker])
+        return changed
 
     # ------------------------------------------------------------------ migrations
     def leave(self, now: float, g: SimGroup) -> tuple[Worker, Worker, int] | None:

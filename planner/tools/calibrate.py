@@ -37,6 +37,12 @@ max_active}`, and from `migrate` lines `sim.workers.migration_s`. They are writt
 trace holds them, so a run without speculation or migration calibrates exactly as before; a
 simulator without those keys gets them in `fit.tail_terms` instead (with a warning).
 
+Environment terms (planner/tools/calibrate_env.py): a run with multi-turn episodes (the trace's
+`episode` lines) gets `workload=multi_turn` fitted to them — turns per episode, tokens per turn,
+the environment's latency (log-normal body, Pareto tail), its timeouts and failure rate — in
+`fit.environment.workload`, and its replay runs that workload (`workload=multi_turn
+workload.KEY=...`) instead of replaying the groups' lengths.
+
 Warm-up: iterations that compiled a jitted step (marked in the trace) and trainer steps longer
 than `OUTLIER`× the median (the step's own compilation) are left out of the fits: their time is
 XLA's, not the cost model's. What they took beyond the fitted model is the run's compile time,
@@ -63,7 +69,7 @@ import yaml
 from planner.configs import build
 from planner.registry import given_params
 from planner.sim.config import SimConfig, WorkerConfig
-from planner.tools import calibrate_tail, entry
+from planner.tools import calibrate_env, calibrate_tail, entry
 from planner.run_trace import TRACE_FILE, read_run_trace
 
 CALIBRATION_FILE = "calibration.yaml"
@@ -172,7 +178,8 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
         raise ValueError(f"{run_dir}: no such run directory")
     events = list(read_run_trace(path))
     by = {kind: [e for e in events if e["event"] == kind] for kind in ("run", "train", "publish", "load", "synced",
-                                                                       "decode", "migrate")}
+                                                                       "decode", "migrate", "episode", "finish",
+                                                                       "admit")}
     _need(by["run"], "run", path, "every segment of a run starts with one; is this a run's trace?")
     head = by["run"][0]
     _need(by["train"], "train", path, "the run trained no step")
@@ -275,6 +282,11 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
                 **tail_fit, "warnings": warnings},
         "run": run,
     }
+    env = calibrate_env.environment(by["episode"], by["finish"], by["admit"])
+    if env is not None:
+        cal["fit"]["environment"] = {**env["fit"], "workload": env["workload"]}
+        if env["fit"]["tail_steps"] < 2:
+            warnings.append("environment: fewer than 2 steps in the latency's tail: workload.env_tail_p set to 0")
     cal["run"]["replay"] = replay_command(Path(run_dir), cal)
     return cal
 
@@ -355,7 +367,10 @@ def replay_command(run_dir: Path, cal: dict[str, Any], calibration: Path | None 
     r = cal["run"]
     run_dir = run_dir.absolute()
     calibration = (calibration or run_dir / CALIBRATION_FILE).absolute()
-    args = [f"calibration={calibration}", "workload=trace", f"workload.path={run_dir / TRACE_FILE}",
+    env = cal["fit"].get("environment")
+    workload = (["workload=multi_turn", *(f"workload.{k}={_arg(v)}" for k, v in env["workload"].items() if k != "name")]
+                if env else ["workload=trace", f"workload.path={run_dir / TRACE_FILE}"])
+    args = [f"calibration={calibration}", *workload,
             f"policy={r['policy']}", *(f"policy.{k}={_arg(v)}" for k, v in r["policy_params"].items()),
             f"max_staleness={_arg(r['max_staleness'])}", f"batch_groups={r['batch_groups']}",
             f"group_size={r['group_size']}", f"steps={r['steps']}", f"hydra.run.dir={run_dir / REPLAY_DIR}"]
@@ -386,7 +401,21 @@ def report(cal: dict[str, Any]) -> str:
         f"{f['compile']['decode_lines']}), {t['compile_s']:.4g} s more on the first step (steps left out: "
         f"{f['compile']['trainer_steps']})",
         *tail_report(cal),
+        *env_report(cal),
     ])
+
+
+def env_report(cal: dict[str, Any]) -> list[str]:
+    """The environment line of the report, when the trace held multi-turn episodes."""
+    e = cal["fit"].get("environment")
+    if not e:
+        return []
+    w = e["workload"]
+    tail = (f"Pareto tail {w['env_tail_p']:.3g} of steps from {w['env_tail_scale']:.4g} s, alpha "
+            f"{w['env_tail_alpha']:.3g}" if w["env_tail_p"] else "no tail")
+    return [f"environment: {e['episodes']} episodes, {e['turns']} turns; turns_mean {w['turns_mean']:.3g} "
+            f"(max {w['max_turns']}); latency log-normal mu {w.get('env_mu', 0):.3g} sigma "
+            f"{w.get('env_sigma', 0):.3g}, {tail}; timeout {w['env_timeout_s']}; env_fail_p {w['env_fail_p']:.3g}"]
 
 
 def tail_report(cal: dict[str, Any]) -> list[str]:

@@ -35,6 +35,7 @@ from planner.sim.metrics import write_outputs
 from planner.sim.recorder import EventRecorder
 from planner.sim.result import SimResult
 from planner.sim.simulator import Simulator
+from planner.sim.episodes import idle_keys
 from planner.sim.workloads import WORKLOADS, Workload, make_workload
 from planner.tools.entry import Command, fail, hydra_main
 from planner.tools.help import HelpSpec
@@ -234,6 +235,9 @@ def _app(cfg: Any) -> None:
         fail(e)
     if cfg.calibration is not None and (warning := calibration_mismatch(cfg.calibration, config)):
         print(f"warning: {warning}", file=sys.stderr)
+    if WORKLOADS[config.workload["name"]].episodic:
+        for warning in idle_keys(config.sim):
+            print(f"warning: {warning}", file=sys.stderr)
     out_dir = HydraConfig.get().runtime.output_dir
     result = run_simulation(config, out_dir)
     print(one_line(result.summary))

@@ -4,7 +4,8 @@ Reads a training run's files (trace.jsonl, ledger.jsonl, metrics.jsonl) or a sim
 summary.json `tail` and prints the figures of planner/tail_analysis.py (docs/tail_analysis.md)
 each with its unit (s, %, s/token, a quantile), then one verdict line: where the critical groups'
 time goes and whether scheduling the tail (docs/design.md §2.14: speculation, migration) would
-pay. `--json` prints the `tail` dict itself and nothing else.
+pay. A run with multi-turn episodes (the trace's `episode` lines) adds where their time goes:
+generation, environment and waiting. `--json` prints the `tail` dict itself and nothing else.
 
 The verdict reads the figures only. Tail scheduling can recover at most the part of the
 trainer's wait that the last 5% of each batch causes — `wait_share_last_5pct ×
@@ -23,7 +24,7 @@ from typing import Any
 
 from planner.run_files import SUMMARY_FILE
 from planner.run_trace import TRACE_FILE
-from planner.tail_analysis import PHASES, from_run_dir
+from planner.tail_analysis import EPISODE_PARTS, PHASES, from_run_dir
 from planner.tools import entry
 
 PAYS = 0.10  # tail scheduling pays when it could recover at least this share of the run
@@ -99,8 +100,24 @@ def report(t: Mapping[str, Any]) -> str:
     for kind in ("critical", "other"):
         m = t["mean_s"][kind]
         lines.append(f"mean seconds, {kind} groups: " + ", ".join(f"{p[:-2]} {_value(m[p], 's')}" for p in PHASES))
+    lines += _episode_lines(t.get("episodes"))
     lines.append(verdict(t))
     return "\n".join(lines)
+
+
+def _episode_lines(e: Mapping[str, Any] | None) -> list[str]:
+    """The multi-turn section (tail's `episodes`): where episodes' time goes; none without it."""
+    if not e:
+        return []
+    faults = ", ".join(f"{n} {kind}" for kind, n in e["faults"].items()) or "none"
+    q = e["turns_per_episode"]
+    lines = [f"episodes: {e['episodes']} ({e['turns']} model turns, p50 {q['p50']:.3g} / p95 {q['p95']:.3g} "
+             f"turns each; ended by an environment fault: {faults})"]
+    for part in EPISODE_PARTS:
+        share, turn = e["share"][part], e["per_turn_s"][part]
+        lines.append(f"episode time {part}: {_value(e['total_s'][part], 's')} ({_value(share, '%')}); per turn "
+                     f"p50 {_value(turn['p50'], 's')}, p95 {_value(turn['p95'], 's')}")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:

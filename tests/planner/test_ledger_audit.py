@@ -470,7 +470,8 @@ def test_the_cli_json_is_one_object_holding_every_report_field_and_the_verdict(t
     verdict = report.pop("verdict")
     assert report == {
         "max_staleness": 1, "max_length_bias": None, "steps": 2, "groups_admitted": 3, "groups_trained": 2,
-        "groups_dropped": 1, "readmissions": 0, "moves": 0, "migrations": 0, "tokens_trained": 20, "tokens_wasted": 5,
+        "groups_dropped": 1, "readmissions": 0, "moves": 0, "migrations": 0, "episodes": 0, "turns": 0,
+        "tokens_trained": 20, "tokens_wasted": 5,
         "max_token_staleness": 1, "mean_token_staleness": 0.2, "staleness_histogram": {"0": 16, "1": 4},
         "violations": 0, "lost": [], "trained_twice": [], "errors": [], "drops_by_reason": {"stale": 1},
         "length_bias": {"ks": pytest.approx(1 / 3), "mean_length_ratio": pytest.approx(10 / (25 / 3))}, "ok": True}
@@ -583,3 +584,69 @@ def test_a_regenerated_group_owes_nothing_to_its_earlier_migration(tmp_path):
     # A re-admission (fault, regenerate) starts a new attempt: the old prefix may be discarded.
     report = audit(write_ledger(tmp_path, admit(0), migrate(0, [(0, 3)]), admit(0, 0), train(0, {0: [(0, 2)]})), 1)
     assert report.ok, report.verdict()
+
+
+# ---------------------------------------------------------------- multi-turn episodes (`turns` spans)
+
+
+def episode_train(step, uid, versions, turns):
+    """A train event of one multi-turn group: `turns` is [(sample, [(v, tokens), ...]), ...]."""
+    return {"event": "train", "step": step,
+            "groups": [{"uid": uid, "versions": [list(r) for r in versions],
+                        "turns": [[s, [list(r) for r in span]] for s, span in turns]}]}
+
+
+# Two samples, five turns, spanning versions 0 and 1: sample 0's second turn straddles the update.
+TURNS = [(0, [(0, 5)]), (1, [(0, 7)]), (0, [(0, 2), (1, 3)]), (1, [(1, 4)]), (0, [(1, 6)])]
+EPISODE = (admit(0), train(0, {}), episode_train(1, 0, [(0, 14), (1, 13)], TURNS))
+
+
+def test_a_valid_multi_turn_ledger_passes_and_counts_its_episodes_and_turns(tmp_path):
+    with LedgerWriter(tmp_path / "ledger.jsonl") as led:
+        led.admit(Admission(0, "p", 0, 1))
+        led.train(0, [])
+        led.train(1, [(0, [(0, 14), (1, 13)], TURNS)])
+    assert json.loads((tmp_path / "ledger.jsonl").read_text().splitlines()[-1]) == EPISODE[-1]
+    r = audit(tmp_path, max_staleness=1)
+    assert r.ok, r.verdict()
+    assert (r.episodes, r.turns, r.tokens_trained) == (2, 5, 27)
+    assert "2 episodes (5 turns) checked turn by turn" in r.verdict()
+
+
+def test_a_group_without_turns_writes_no_turns_key_and_counts_no_episode(tmp_path):
+    with LedgerWriter(tmp_path / "ledger.jsonl") as led:
+        led.admit(Admission(0, "p", 0, 1))
+        led.train(0, [(0, [(0, 3)], None)])
+    assert "turns" not in (tmp_path / "ledger.jsonl").read_text()
+    r = audit(tmp_path, max_staleness=0)
+    assert r.ok and (r.episodes, r.turns) == (0, 0)
+
+
+@pytest.mark.parametrize("turns, text", [
+    ([(0, [(0, 5)]), (1, [(0, 7)]), (0, [(0, 2), (1, 3)]), (1, [(1, 4)]), (0, [(1, 5)])],
+     "uid 0 samples 0, 1: their turns do not add up to the group's versions: version 1: turns 12 != group 13"),
+    ([(0, [(0, 5)]), (1, [(0, 7)]), (0, [(0, 2), (1, 3)]), (1, [(1, 4)]), (0, [(1, 6)]), (1, [(2, 1)])],
+     "version 2: turns 1 != group 0"),
+    ([(0, [(0, 5)]), (1, [(1, 4)]), (0, [(0, 2), (1, 3)]), (1, [(0, 7)]), (0, [(1, 6)])],
+     "uid 0 sample 1 has a turn on version 0 after a turn on version 1 (a later turn sampled on older weights)"),
+    ([(0, [(0, 5)]), (1, [(0, 7)]), (0, [(1, 3)]), (0, [(0, 2)]), (1, [(1, 4)]), (0, [(1, 6)])],
+     "uid 0 sample 0 has a turn on version 0 after a turn on version 1"),
+])
+def test_forged_turn_spans_are_errors_naming_line_uid_and_sample(tmp_path, turns, text):
+    write_ledger(tmp_path, admit(0), train(0, {}), episode_train(1, 0, [(0, 14), (1, 13)], turns))
+    report = audit(tmp_path, max_staleness=1)
+    only_error(report, text)
+    assert report.errors[0].startswith("line 3: ")
+
+
+def test_a_negative_turn_count_is_an_error_even_when_the_sums_agree(tmp_path):
+    turns = [(0, [(0, 5)]), (1, [(0, 7)]), (0, [(0, 2), (1, 3)]), (1, [(1, 4)]), (0, [(1, 8)]), (1, [(1, -2)])]
+    write_ledger(tmp_path, admit(0), train(0, {}), episode_train(1, 0, [(0, 14), (1, 13)], turns))
+    only_error(audit(tmp_path, max_staleness=1), "uid 0 sample 1 has a turn with -2 tokens of version 1 (< 0)")
+
+
+def test_the_cli_reports_episodes_and_turns_in_its_json(tmp_path, capsys):
+    write_ledger(tmp_path, *EPISODE)
+    assert main([str(tmp_path), "--max-staleness", "1", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["episodes"], out["turns"], out["ok"]) == (2, 5, True)

@@ -94,3 +94,38 @@ def test_a_real_runs_files_give_the_critical_group_its_step_cost_and_its_weight_
     assert crit["other_s"] == pytest.approx(3.5 - 2.5 - 0.5)
     assert t["wait_share_last_group"] == pytest.approx((4.0 - 1.2) / 4.0)
     assert t["decode_s_per_token"]["critical"]["p50"] == pytest.approx(0.025)
+
+
+# ---------------------------------------------------------------- multi-turn episodes
+EPISODES = [  # (uid, sample, turns [[queued_s, gen_s, env_s], ...], fault)
+    (0, 0, [[0.5, 2.0, 1.0], [0.0, 1.0, 4.0]], None),
+    (0, 1, [[1.5, 3.0, 2.0]], "timeout"),
+    (2, 0, [[0.0, 1.0, 0.0], [1.0, 2.0, 8.0], [0.0, 1.0, 1.0]], None),
+]
+
+
+def write_episodes(run_dir):
+    """The real run of `write_real_run` with three finished multi-turn episodes in its trace."""
+    write_real_run(run_dir)
+    trace = TraceWriter(run_dir / "trace.jsonl", append=True)
+    for uid, sample, turns, fault in EPISODES:
+        trace.write("episode", 3.0, uid=uid, sample=sample, turns=turns, fault=fault)
+    trace.close()
+
+
+def test_episode_lines_split_the_episodes_time_into_waiting_generation_and_environment(tmp_path):
+    write_episodes(tmp_path / "run")
+    e = from_run_dir(tmp_path / "run")["episodes"]
+    assert (e["episodes"], e["turns"], e["faults"]) == (3, 6, {"timeout": 1})
+    assert e["total_s"] == pytest.approx({"waiting": 3.0, "generation": 10.0, "environment": 16.0})
+    assert e["share"] == pytest.approx({"waiting": 3 / 29, "generation": 10 / 29, "environment": 16 / 29})
+    # per turn: environment 1, 4, 2, 0, 8, 1 -> p50 1.5; waiting 0.5, 0, 1.5, 0, 1, 0 -> p50 0.25
+    assert e["per_turn_s"]["environment"]["p50"] == pytest.approx(1.5)
+    assert e["per_turn_s"]["waiting"]["p50"] == pytest.approx(0.25)
+    assert e["per_turn_s"]["generation"]["p95"] == pytest.approx(2.75)
+    assert e["turns_per_episode"] == pytest.approx({"p50": 2.0, "p95": 2.9})
+
+
+def test_a_trace_without_episode_lines_has_no_episodes_section(tmp_path):
+    write_real_run(tmp_path / "run")
+    assert "episodes" not in from_run_dir(tmp_path / "run")

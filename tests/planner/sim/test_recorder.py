@@ -9,18 +9,19 @@ from planner.sim import EventRecorder, FaultConfig, SimConfig, Simulator, first_
 from planner.types import PlanContext
 
 
-def record(name, ctx):
+def record(name, ctx, workload="bimodal"):
     recorder = EventRecorder()
     cfg = SimConfig(faults=FaultConfig(events=({"time": 60.0, "worker": 1},), recovery="regenerate", restart_after=10.0))
-    Simulator(make_policy(name, ctx), ctx, make_workload({"name": "bimodal"}, ctx.group_size), cfg, seed=1,
+    Simulator(make_policy(name, ctx), ctx, make_workload({"name": workload}, ctx.group_size), cfg, seed=1,
               recorder=recorder).run()
     return recorder
 
 
+@pytest.mark.parametrize("workload", ["bimodal", "multi_turn"])
 @pytest.mark.parametrize("name", ["lookahead", "prime_rl", "nemo_in_order", "dressage"])
-def test_replaying_the_recorded_events_reproduces_every_decision(tmp_path, name):
+def test_replaying_the_recorded_events_reproduces_every_decision(tmp_path, name, workload):
     ctx = PlanContext(4, 4, 2, 12)
-    recorder = record(name, ctx)
+    recorder = record(name, ctx, workload)
     methods = {c.method for c in recorder.calls}
     assert {"admit", "select_batch", "on_group_finished", "on_version_synced", "on_group_lost", "finish"} <= methods
     assert first_divergence(recorder.calls, make_policy(name, ctx)) is None

@@ -49,6 +49,10 @@ def test_a_trace_workload_replays_in_order_and_cycles(tmp_path):
         ({"name": "lognormal", "sigma": -1}, "workload.sigma=-1"),
         ({"name": "bimodal", "p_long": 2}, "workload.p_long=2"),
         ({"name": "trace"}, "workload.path: required"),
+        ({"name": "multi_turn", "turns_mean": 12}, "workload.turns_mean=12"),
+        ({"name": "multi_turn", "env_fail_p": 1.5}, "workload.env_fail_p=1.5"),
+        ({"name": "multi_turn", "env_timeout_s": 0}, "workload.env_timeout_s=0"),
+        ({"name": "multi_turn", "env_tail_alpha": 0}, "workload.env_tail_alpha=0"),
     ],
 )
 def test_bad_workload_configs_name_the_field(values, needle):
@@ -57,7 +61,28 @@ def test_bad_workload_configs_name_the_field(values, needle):
 
 
 def test_the_registry_lists_every_named_workload():
-    assert set(WORKLOADS) == {"lognormal", "bimodal", "heavy_tail", "trace"}
+    assert set(WORKLOADS) == {"lognormal", "bimodal", "heavy_tail", "trace", "multi_turn"}
+
+
+def test_multi_turn_episodes_sum_to_their_lengths_and_a_failed_step_ends_one():
+    w = make_workload({"name": "multi_turn", "turns_mean": 4.0, "max_turns": 6, "max_turn_tokens": 300,
+                       "env_fail_p": 0.1, "env_timeout_s": 20.0}, group_size=4)
+    d = w.sample(np.random.default_rng(0), 3000)
+    episodes = [e for row in d.episodes for e in row]
+    assert d.lengths.tolist() == [[sum(e.turns) for e in row] for row in d.episodes]
+    assert all(1 <= len(e.turns) <= 6 and len(e.env_s) == len(e.turns) for e in episodes)
+    assert all(1 <= t <= 300 for e in episodes for t in e.turns)
+    assert max(s for e in episodes for s in e.env_s) == 20.0  # a timeout is killed at the timeout
+    ended = [e for e in episodes if e.fault is None]
+    failed = [e for e in episodes if e.fault is not None]
+    assert {e.fault for e in failed} == {"error", "timeout"}
+    assert all(e.env_s[-1] == 20.0 for e in failed if e.fault == "timeout")
+    # failures cut episodes short: ~10% per step over ~4 turns
+    assert np.mean([len(e.turns) for e in failed]) < np.mean([len(e.turns) for e in ended])
+    assert 0.2 < len(failed) / len(episodes) < 0.5
+    # the latency's tail: 5% of steps from the Pareto part (>= 5 s), the body's median e^0 = 1 s
+    env = np.array([s for e in ended for s in e.env_s])
+    assert np.median(env) == pytest.approx(1.0, rel=0.1) and 0.03 < np.mean(env >= 5.0) < 0.08
 
 
 @pytest.mark.parametrize("name", ["lognormal", "bimodal", "heavy_tail"])

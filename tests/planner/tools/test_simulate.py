@@ -184,3 +184,19 @@ def test_a_calibration_fitted_to_another_run_says_which_keys_differ_and_how_to_r
     warning = calibration_mismatch(str(path), other)
     assert "max_staleness=2 (the run's 1), steps=7 (the run's 3)" in warning and "batch_groups" not in warning
     assert warning.endswith("to replay the run: python -m planner.simulate X") and "\n" not in warning
+
+
+def test_simulate_runs_multi_turn_episodes_and_warns_of_a_stall_key_that_cannot_act(tmp_path):
+    run = tmp_path / "run"
+    p = cli("planner.simulate", "workload=multi_turn", "batch_groups=4", "group_size=4", "steps=6",
+            "sim.faults.stall_prob=0.1", f"hydra.run.dir={run}")
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.count("warning: ") == 1 and "sim.faults.stall_prob=0.1: has no effect with workload=multi_turn" \
+        in p.stderr
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["episodes"]["episodes"] == 4 * 4 * 6 and summary["groups_stalled"] == 0
+    report = audit(run)
+    assert report.ok and report.episodes == 4 * 4 * 6
+    quiet = cli("planner.simulate", "workload=multi_turn", "batch_groups=4", "group_size=4", "steps=2",
+                f"hydra.run.dir={tmp_path / 'quiet'}")
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr

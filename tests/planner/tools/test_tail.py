@@ -77,3 +77,17 @@ def test_the_verdict_threshold_is_a_tenth_of_the_run():
 def test_a_run_without_a_timing_record_has_no_verdict_to_give():
     t = straggler_tail(groups=0, trainer_wait_fraction=None)
     assert verdict(t).startswith("verdict: no timing record")
+
+
+def test_a_run_with_episodes_prints_where_their_time_goes_and_one_without_prints_nothing(tmp_path, capsys):
+    from tests.planner.test_tail_analysis import write_episodes
+
+    write_episodes(tmp_path / "multi")
+    assert main([str(tmp_path / "multi")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "episodes: 3 (6 model turns, p50 2 / p95 2.9 turns each; ended by an environment fault: 1 timeout)" in lines
+    assert "episode time environment: 16 s (55.2%); per turn p50 1.5 s, p95 7 s" in lines
+    assert lines[-1].startswith("verdict: ")
+    write_real_run(tmp_path / "single")
+    assert main([str(tmp_path / "single")]) == 0
+    assert "episode" not in capsys.readouterr().out
