@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -103,7 +104,7 @@ def run_once(experiment: str, steps: int, overrides: list[str], root: Path) -> d
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     sampler = threading.Thread(target=sample_rss, args=(proc, run_dir, samples), daemon=True)
     sampler.start()
-    out, err = proc.communicate()
+    _, err = proc.communicate()
     wall = time.monotonic() - t0
     sampler.join()
     if proc.returncode != 0:
@@ -111,6 +112,7 @@ def run_once(experiment: str, steps: int, overrides: list[str], root: Path) -> d
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_s = [m["train_s"] for m in metrics if "train_s" in m][1:]  # the first step compiles
     cpu = sum(float(v) for _, v in CPU.findall(err))
+    shutil.rmtree(run_dir)  # its checkpoints and export: ~2 GB a run of SmolLM2
     return {
         "peak_rss_gib": max_rss_gib(err),
         "timeline": phases(samples, steps),
