@@ -340,6 +340,13 @@ class Checkpointer:
         with self._disk_errors():
             self._seal()
 
+    def wait_written(self) -> None:
+        """Return once the save in progress has written its arrays (and reads them no more): what
+        the trainer waits for before it donates them (`Trainer.lend`). The manifest is left to
+        the next save or `wait`. A failed background save raises here (`CheckpointWriteError`)."""
+        with self._disk_errors():
+            self._manager.wait_until_finished()
+
     def close(self) -> None:
         """Wait for the last save and release orbax's threads. A failed save raises once: when it
         was already reported (by `save` or `wait`), `close` only cleans up."""

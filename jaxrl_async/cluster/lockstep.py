@@ -161,6 +161,7 @@ def follow(trainer: Any, checkpointer: Any, channel: CommandChannel) -> int:
         elif kind == "save":
             steps_done, meta = payload
             checkpointer.save(steps_done, trainer.state_dict(), meta)
+            trainer.lend(checkpointer.wait_written)  # as process 0's controller does
         elif kind == "close":
             checkpointer.close()
         elif kind == "stop":

@@ -458,6 +458,7 @@ class Controller:
             self._samples.flush()
         meta = to_json(self.snapshot(await self._stats_now()))
         self.checkpointer.save(self.step, self.trainer.state_dict(), meta)
+        self.trainer.lend(self.checkpointer.wait_written)  # the next step donates what the save reads
 
     def load_checkpoint_meta(self, meta: dict[str, Any]) -> None:
         """`restore` from a checkpoint's JSON object (`runtime.state`)."""

@@ -16,6 +16,7 @@ params are kept as the frozen float32 base beside it — never donated, differen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -146,6 +147,9 @@ class Trainer:
             row_axes = (row_axes,) if isinstance(row_axes, str) else tuple(row_axes or ())
             self._row_shards = int(np.prod([mesh.shape[a] for a in row_axes]))
         self._params, self._opt_state = params, opt_state
+        # On CPU the arrays are host memory: a background checkpoint save reads them in place.
+        self._host_memory = all(d.platform == "cpu" for d in jax.tree.leaves(params)[0].devices())
+        self._lent: list[Callable[[], None]] = []  # `lend`'s releases, called before the next step
         self._version = 0
         self._schedule = make_schedule(cfg.optim)
 
@@ -215,8 +219,21 @@ class Trainer:
             return jax.device_put(batch)
         return jax.device_put(batch, self._row_sharding)
 
+    def lend(self, release: Callable[[], None]) -> None:
+        """`state_dict()`'s arrays are being read in the background (an asynchronous checkpoint
+        save); `release()` returns once that reader is done. Where the arrays are host memory
+        (CPU) the reader holds the buffers themselves, and a step cannot donate a buffer that
+        someone else holds: it would allocate a second copy of the params and optimizer state for
+        its outputs (2.8 GiB more at SmolLM2-135M, docs/memory.md). So the next `step` calls
+        `release()` first. Elsewhere the save has copied the arrays to host memory before it
+        returned, and the step does not wait."""
+        if self._host_memory:
+            self._lent.append(release)
+
     def step(self, batch: TrainBatch) -> dict[str, float]:
         """One optimizer update; returns the step's metrics as floats (see `train_step`)."""
+        while self._lent:  # the buffers this step donates are read no more (`lend`)
+            self._lent.pop(0)()
         lr = float(self._schedule(self._version))
         self._params, self._opt_state, metrics = self._train_step(
             self._graphdef, self._params, self._opt_state, self._place(batch),

@@ -117,6 +117,9 @@ class InstantTrainer:
     def state_dict(self) -> dict[str, int]:
         return {"version": self.version}
 
+    def lend(self, release: Any) -> None:  # nothing to donate: the arrays are never read in place
+        pass
+
 
 class MemoryCheckpointer:
     """`jaxrl_async.checkpoint.Checkpointer`'s save/due/latest, the meta kept as written JSON."""
@@ -130,6 +133,9 @@ class MemoryCheckpointer:
 
     def save(self, steps_done: int, trainer_state: dict[str, Any], meta: dict[str, Any]) -> None:
         self.saves.append((steps_done, dict(trainer_state), json.loads(json.dumps(meta))))
+
+    def wait_written(self) -> None:  # saves are synchronous
+        pass
 
     @property
     def latest_meta(self) -> dict[str, Any]:

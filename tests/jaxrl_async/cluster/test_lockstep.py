@@ -96,6 +96,12 @@ class Recorder:
     def save(self, steps_done, state, meta):
         self.log.append(("save", steps_done, state["version"], meta))
 
+    def lend(self, release):
+        self.log.append(("lend", release.__name__))
+
+    def wait_written(self):
+        pass
+
     def close(self):
         self.log.append(("close",))
 
@@ -116,7 +122,8 @@ def test_the_leader_announces_each_collective_call_and_the_follower_makes_the_sa
     steps = follow(Recorder(follower_log), Recorder(follower_log), CommandChannel(store))
     assert steps == 2
     assert follower_log == [("step", "batch-0"), ("engine_params", "bfloat16"), ("step", "batch-1"),
-                            ("save", 2, 7, {"step": 2}), ("host_params",), ("close",)]
+                            ("save", 2, 7, {"step": 2}), ("lend", "wait_written"), ("host_params",),
+                            ("close",)]
 
 
 def test_announce_and_call_are_atomic_across_threads():

@@ -133,6 +133,42 @@ def test_state_dict_round_trips_through_orbax(tmp_path):
     assert_trees_close(trainer.params(), restored.params(), atol=0)
 
 
+def test_a_step_donates_its_params_and_optimizer_state():
+    """The step's outputs reuse its inputs' buffers: no second params + Adam moments (docs/memory.md)."""
+    trainer = make_trainer()
+    old = jax.tree.leaves(trainer.state_dict()["params"]) + jax.tree.leaves(trainer.state_dict()["opt_state"])
+    trainer.step(make_batch())
+    assert all(leaf.is_deleted() for leaf in old if isinstance(leaf, jax.Array))
+
+
+def test_a_step_waits_for_a_lent_reader_once_before_it_donates():
+    trainer, calls = make_trainer(), []
+    params = jax.tree.leaves(trainer.state_dict()["params"])
+    trainer.lend(lambda: calls.append(all(not leaf.is_deleted() for leaf in params)))
+    trainer.step(make_batch(0))
+    trainer.step(make_batch(1))
+    assert calls == [True]  # called once, before the first step donated the arrays it read
+
+
+def test_a_step_after_a_background_checkpoint_save_donates_and_the_save_holds_the_old_weights(tmp_path):
+    """On CPU the save reads the arrays in place: the step must wait for it (`Trainer.lend`), or it
+    cannot donate them and holds a second copy of the params and optimizer state while it runs."""
+    from jaxrl_async.checkpoint import Checkpointer
+
+    trainer = make_trainer()
+    before = trainer.params()
+    checkpointer = Checkpointer(tmp_path, keep=1)
+    state = trainer.state_dict()
+    old = [leaf for leaf in jax.tree.leaves(state) if isinstance(leaf, jax.Array)]
+    checkpointer.save(1, state, {"step": 1})
+    trainer.lend(checkpointer.wait_written)
+    trainer.step(make_batch())
+    assert all(leaf.is_deleted() for leaf in old)
+    restored, _ = checkpointer.restore(make_trainer(seed=1).state_dict())
+    checkpointer.close()
+    assert_trees_close(restored["params"], before, atol=0)
+
+
 def test_load_state_dict_refuses_a_wrong_shape():
     trainer = make_trainer()
     state = trainer.state_dict()
