@@ -17,7 +17,9 @@ weights it started on (the lowest version of any of its tokens is reported too).
 
 Scoring and the figures (`decode_all`, `score_all`, `summarize`, `EvalResult`, the block at the
 end of this file) are shared with `python -m jaxrl_async.eval` (jaxrl_async/cli/eval.py), so a
-figure in metrics.jsonl means what the command line prints for the same model and prompts.
+figure in metrics.jsonl means what the command line prints for the same model and prompts; so is
+`EngineEval`, which plays a multi-turn task's prompts as episodes both here and there
+(`run_on_engine`: the command line's greedy and sampled passes on an EpisodeEngine of its own).
 """
 
 from __future__ import annotations
