@@ -112,6 +112,8 @@ def test_the_table_names_each_figure_by_what_it_measures(capsys):
     (["task=gsm8k"], "task.test_path=None: split=test needs a held-out GSM8K-format JSONL"),
     (["split=validation"], "split='validation': must be one of ('train', 'test')"),
     (["samples=0"], "samples=0: must be an int >= 1"),
+    (["max_len=1"], "max_len=1: must be an int >= 2"),
+    (["max_len=20", "max_new_tokens=8"], "max_len=20: must hold the longest prompt + max_new_tokens=8 ="),
     (["temperatur=0.5"], "temperatur"),
     (["model=nope"], "model"),
 ])
@@ -219,3 +221,11 @@ def test_max_len_that_cannot_hold_a_prompt_is_one_error_line(capsys):
     code, out, err = run_main(capsys, *EPISODES[:-2], "max_len=100")
     _, error = status_and_error(err)
     assert code == 1 and out == "" and error.startswith("error: max_len=100: must hold the longest prompt + 1 ="), err
+
+
+def test_max_len_of_a_single_turn_task_sizes_the_engine_not_the_figures(capsys):
+    args = ("task=copy_string", "limit=4", "max_new_tokens=4", "output=json")
+    code, out, err = run_main(capsys, *args)
+    code2, out2, err2 = run_main(capsys, *args, "max_len=120")
+    assert code == code2 == 0, err + err2
+    assert figures(out) == figures(out2)
