@@ -9,6 +9,11 @@ Every prompt of the split (`split=test` by default, `Task.test_examples`) is dec
 once; `samples=k > 1` also draws k samples per prompt at `temperature`. The task's own reward
 scores each completion (or its `reward_fn`), and a completion *passes* when its reward is >=
 `pass_threshold` (1.0: fully right; dense rewards such as the synthetic tasks' may set less).
+A multi-turn task (`task.multi_turn`: calculator, guess_number, verifiers) plays each prompt as an
+episode instead (a greedy one; k sampled ones), every turn at most `max_new_tokens` and the whole
+conversation within `max_len`, over the same episode engine as training (envs/engine.py); the
+episode's result is its reward, and an episode that faults (`too_long`, `env_timeout`, ...) is
+counted in `reward_errors` and scores 0.0.
 
 Reported (`output=table` prints a table; `output=json` exactly one JSON object on stdout). The
 greedy pass and the sampled pass measure different decoders, and the names say which:
@@ -44,7 +49,13 @@ from jaxrl_async.models.config import ModelSpec
 from planner.configs import build, check
 
 if TYPE_CHECKING:
+    from jaxrl_async.engines.base import SamplingParams
+    from jaxrl_async.engines.jax.config import EngineConfig
+    from jaxrl_async.envs.task import EpisodeTask
+    from jaxrl_async.models.loading import LoadedModel
     from jaxrl_async.runtime.evaluation import EvalResult
+    from jaxrl_async.tasks.base import Prompt
+    from jaxrl_async.tasks.rewards import RewardResult
 
 # The engine, the model and the tasks import JAX (or seconds of other imports): `evaluate` imports
 # them where the work starts, so that `--help` (which reads EvalConfig) stays free of them.
@@ -69,6 +80,9 @@ class EvalConfig:
       pass_threshold: a completion passes when its reward is >= this
       seed: sampling seed of the k samples
       num_slots: sequences the engine decodes at once
+      max_len: the engine's context in tokens; a multi-turn episode's whole conversation must fit
+        in it (a turn with no room left ends the episode as a `too_long` fault, counted in
+        reward_errors); null = the model's context (single-turn: the longest prompt + max_new_tokens)
       output: table | json
     """
 
@@ -83,6 +97,7 @@ class EvalConfig:
     pass_threshold: float = 1.0
     seed: int = 0
     num_slots: int = 32
+    max_len: int | None = None
     output: str = "table"
 
     def __post_init__(self) -> None:
@@ -92,6 +107,8 @@ class EvalConfig:
             check(isinstance(value, int) and value >= 1, name, value, "must be an int >= 1")
         check(self.limit is None or (isinstance(self.limit, int) and self.limit >= 1), "limit", self.limit,
               "must be an int >= 1 or null (all)")
+        check(self.max_len is None or (isinstance(self.max_len, int) and self.max_len >= 2), "max_len", self.max_len,
+              "must be an int >= 2 or null (the model's context)")
         check(self.temperature > 0, "temperature", self.temperature, "must be > 0 (samples are drawn; greedy is separate)")
         check(0 < self.top_p <= 1, "top_p", self.top_p, "must be in (0, 1]")
         check(self.samples <= self.num_slots, "samples", self.samples,
@@ -113,7 +130,7 @@ def evaluate(config: EvalConfig, *, say: Callable[[str], None] = lambda _: None)
     from jaxrl_async.engines.jax.config import EngineConfig
     from jaxrl_async.engines.jax.core import EngineCore
     from jaxrl_async.models.loading import load_model
-    from jaxrl_async.runtime.evaluation import decode_all, score_all, summarize
+    from jaxrl_async.runtime.evaluation import decode_all, greedy_sampling, score_all, summarize
     from jaxrl_async.tasks import build_task
 
     task = build_task(config.task)  # data first: a missing split fails before the model loads
@@ -125,28 +142,76 @@ def evaluate(config: EvalConfig, *, say: Callable[[str], None] = lambda _: None)
         raise ValueError(f"model.source={config.model.source!r}: has no tokenizer.json; cannot encode prompts")
     encode = task.encoder(tok, loaded.chat_template)
     prompts = [encode(e) for e in examples]
-    need = max(len(p.prompt_ids) for p in prompts) + config.max_new_tokens
-    context = loaded.cfg.max_position_embeddings
-    if need > context:
-        raise ValueError(f"the longest prompt + max_new_tokens={config.max_new_tokens} = {need} tokens exceeds the "
-                         f"model's context max_position_embeddings={context}")
     stop = loaded.stop_token_ids
-    core = EngineCore(loaded.model, loaded.cfg, EngineConfig(num_slots=config.num_slots, max_len=need,
-                                                             min_bucket=min(16, need), seed=config.seed))
+    greedy_params = greedy_sampling(config.max_new_tokens, stop)
+    params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
+                            top_p=config.top_p, stop_token_ids=stop, n=config.samples, seed=config.seed)
+    max_len = engine_context(config, task.multi_turn, max(len(p.prompt_ids) for p in prompts),
+                             loaded.cfg.max_position_embeddings)
+    engine_cfg = EngineConfig(num_slots=config.num_slots, max_len=max_len, min_bucket=min(16, max_len), seed=config.seed)
     t0 = time.monotonic()
-    greedy_params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=0.0, stop_token_ids=stop)
-    say(f"compiling and decoding {len(prompts)} prompts greedily ...")
-    greedy = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, greedy_params)))
-    sampled = None
-    if config.samples > 1:
-        params = SamplingParams(max_new_tokens=config.max_new_tokens, temperature=config.temperature,
-                                top_p=config.top_p, stop_token_ids=stop, n=config.samples, seed=config.seed)
-        say(f"sampling {config.samples} completions per prompt at temperature={config.temperature} ...")
-        sampled = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, params)))
+    say(f"compiling and {'playing' if task.multi_turn else 'decoding'} {len(prompts)} prompts greedily ...")
+    if task.multi_turn:
+        greedy, sampled = asyncio.run(play_all(config, loaded, task, prompts, engine_cfg, greedy_params, params, say))
+    else:
+        core = EngineCore(loaded.model, loaded.cfg, engine_cfg)
+        greedy = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, greedy_params)))
+        sampled = None
+        if config.samples > 1:
+            say(sampling_note(config))
+            sampled = asyncio.run(score_all(task, tok, prompts, decode_all(core, prompts, params)))
     result = summarize(greedy, sampled, config.pass_threshold)
     facts = {"model": config.model.source, "task": config.task["name"], "split": config.split,
              "elapsed_s": round(time.monotonic() - t0, 3)}
     return result, facts
+
+
+def engine_context(config: EvalConfig, multi_turn: bool, longest_prompt: int, model_context: int) -> int:
+    """The engine's `max_len`. Single-turn: the longest prompt + max_new_tokens (or `config.max_len`,
+    which must hold it). Multi-turn: `config.max_len` (null: the model's context), which must leave
+    the longest prompt room for a token; the episodes' later turns get what is left of it."""
+    need = longest_prompt + (1 if multi_turn else config.max_new_tokens)
+    what = "the longest prompt + 1" if multi_turn else f"the longest prompt + max_new_tokens={config.max_new_tokens}"
+    if need > model_context:
+        raise ValueError(f"{what} = {need} tokens exceeds the model's context max_position_embeddings={model_context}")
+    if config.max_len is not None and not need <= config.max_len <= model_context:
+        raise ValueError(f"max_len={config.max_len}: must hold {what} = {need} tokens and be <= the model's "
+                         f"context max_position_embeddings={model_context}")
+    if config.max_len is not None:
+        return config.max_len
+    return model_context if multi_turn else need
+
+
+def sampling_note(config: EvalConfig) -> str:
+    return f"sampling {config.samples} completions per prompt at temperature={config.temperature} ..."
+
+
+async def play_all(config: EvalConfig, loaded: LoadedModel, task: EpisodeTask, prompts: list[Prompt],
+                   engine_cfg: EngineConfig, greedy_params: SamplingParams, params: SamplingParams,
+                   say: Callable[[str], None]) -> tuple[list[list[RewardResult]], list[list[RewardResult]] | None]:
+    """A multi-turn task's passes: every prompt played as an episode (the greedy one, then k sampled
+    ones when samples > 1) on a JaxEngine behind an EpisodeEngine (envs/engine.py), as the
+    evaluation inside training plays them (runtime/evaluation.py `EngineEval`). Per prompt, each
+    episode's reward (`episode_reward`: a faulted episode is a reward error)."""
+    from jaxrl_async.engines.jax.engine import JaxEngine
+    from jaxrl_async.envs.engine import play_episodes
+    from jaxrl_async.envs.task import EpisodeContext
+    from jaxrl_async.runtime.evaluation import EngineEval, run_on_engine
+
+    inner = JaxEngine(loaded.model, loaded.cfg, engine_cfg)
+    engine = play_episodes(inner, task, EpisodeContext(loaded.tokenizer, tuple(loaded.stop_token_ids)), engine_cfg)
+    await engine.start()
+    try:
+        greedy = await (await run_on_engine(engine, EngineEval(prompts, 0, greedy_params, episodes=True))).rewards(
+            task, loaded.tokenizer)
+        sampled = None
+        if config.samples > 1:
+            say(sampling_note(config))
+            sampled = await (await run_on_engine(engine, EngineEval(prompts, 0, params, episodes=True))).rewards(
+                task, loaded.tokenizer)
+    finally:
+        await engine.stop()
+    return greedy, sampled
 
 
 def table(result: EvalResult, facts: dict[str, Any]) -> str:

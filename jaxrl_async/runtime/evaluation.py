@@ -17,20 +17,22 @@ weights it started on (the lowest version of any of its tokens is reported too).
 
 Scoring and the figures (`decode_all`, `score_all`, `summarize`, `EvalResult`, the block at the
 end of this file) are shared with `python -m jaxrl_async.eval` (jaxrl_async/cli/eval.py), so a
-figure in metrics.jsonl means what the command line prints for the same model and prompts.
+figure in metrics.jsonl means what the command line prints for the same model and prompts; so is
+`EngineEval`, which plays a multi-turn task's prompts as episodes both here and there
+(`run_on_engine`: the command line's greedy and sampled passes on an EpisodeEngine of its own).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
 from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SampleOutput, SamplingParams
 from jaxrl_async.tasks.base import Prompt, Task
 from jaxrl_async.runtime.scoring import episode_reward
+from jaxrl_async.tasks.rewards import RewardResult
 from jaxrl_async.tokenizer import Tokenizer
 
 EVAL_PREFIX = "eval."
@@ -72,8 +74,8 @@ class EvalScheduler:
             log.warning("evaluation of version %d skipped: the one of version %d is still running",
                         version, self.running.version)
             return []
-        self.running = EngineEval(self.prompts, version, max_new_tokens=self.max_new_tokens,
-                                  stop_token_ids=self.stop_token_ids, episodes=self.episodes)
+        self.running = EngineEval(self.prompts, version, greedy_sampling(self.max_new_tokens, self.stop_token_ids),
+                                  episodes=self.episodes)
         return self.running.requests()
 
     async def submit(self, engine: GenerationEngine, version: int) -> None:
@@ -102,15 +104,21 @@ class EvalScheduler:
 
 
 class EngineEval:
-    """One evaluation of the weights `version`: its requests, and its pieces as they stream in."""
+    """One evaluation of the weights `version`: its requests, and its pieces as they stream in.
 
-    def __init__(self, prompts: list[Prompt], version: int, *, max_new_tokens: int,
-                 stop_token_ids: tuple[int, ...], episodes: bool = False) -> None:
+    `sampling`: every request's (greedy, one sample each, during training; `python -m
+    jaxrl_async.eval` also runs a sampled pass of n samples per prompt). `episodes`: a multi-turn
+    task's prompts are played as episodes (the engine is an EpisodeEngine, envs/engine.py) and
+    each sample's reward is its episode's (runtime/scoring.py `episode_reward`).
+    """
+
+    def __init__(self, prompts: list[Prompt], version: int, sampling: SamplingParams, *,
+                 episodes: bool = False) -> None:
         self.prompts, self.version, self.episodes = prompts, version, episodes
-        self._records: dict[int, Any] = {}  # an episode's record, by prompt index
-        self._sampling = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids)
-        self._tokens: dict[int, list[int]] = defaultdict(list)
-        self._done: set[int] = set()
+        self._sampling = sampling
+        self._tokens = [[[] for _ in range(sampling.n)] for _ in prompts]  # per prompt, per sample
+        self._records: dict[tuple[int, int], Any] = {}  # an episode's record, by (prompt, sample)
+        self._done: set[tuple[int, int]] = set()
         self.min_version = version
 
     def request_id(self, index: int) -> str:
@@ -121,31 +129,49 @@ class EngineEval:
                                   episode_of=p if self.episodes else None) for i, p in enumerate(self.prompts)]
 
     def add(self, piece: SampleOutput) -> bool:
-        """Take one piece of this evaluation (others are ignored); True once every prompt is done."""
+        """Take one piece of this evaluation (others are ignored); True once every sample is done."""
         version, _, index = piece.request_id[len(EVAL_PREFIX):].partition(".")
         if int(version) != self.version:
             return False  # a late piece of an earlier evaluation
-        i = int(index)
-        self._tokens[i] += piece.token_ids
+        key = (int(index), piece.sample_index)
+        self._tokens[key[0]][key[1]] += piece.token_ids
         if piece.versions:
             self.min_version = min(self.min_version, min(v for v, _ in piece.versions))
         if piece.done:
-            self._done.add(i)
+            self._done.add(key)
             if piece.episode is not None:
-                self._records[i] = piece.episode
-        return len(self._done) == len(self.prompts)
+                self._records[key] = piece.episode
+        return len(self._done) == len(self.prompts) * self._sampling.n
+
+    async def rewards(self, task: Task, tokenizer: Tokenizer) -> list[list[RewardResult]]:
+        """Per prompt, each sample's reward: its episode's (runtime/scoring.py), else the task's of its text."""
+        if self.episodes:
+            return [[episode_reward(self._records.get((i, s))) for s in range(self._sampling.n)]
+                    for i in range(len(self.prompts))]
+        return await score_all(task, tokenizer, self.prompts, self._tokens)
 
     async def score(self, task: Task, tokenizer: Tokenizer, pass_threshold: float) -> dict[str, Any]:
-        """The figures of the finished evaluation, as `eval/<key>` metrics."""
-        tokens = [[self._tokens[i]] for i in range(len(self.prompts))]  # one (greedy) sample each
-        if self.episodes:  # an episode's reward is its own (runtime/scoring.py)
-            rewards = [[episode_reward(self._records.get(i))] for i in range(len(self.prompts))]
-        else:
-            rewards = await score_all(task, tokenizer, self.prompts, tokens)
-        result = summarize(rewards, None, pass_threshold)
+        """The figures of the finished (greedy) evaluation, as `eval/<key>` metrics."""
+        result = summarize(await self.rewards(task, tokenizer), None, pass_threshold)
         figures = result.to_json()
         return {f"eval/{k}": figures[k] for k in IN_TRAINING_KEYS} | {
             "eval/version": self.version, "eval/min_token_version": self.min_version}
+
+
+def greedy_sampling(max_new_tokens: int, stop_token_ids: tuple[int, ...]) -> SamplingParams:
+    """The greedy pass's sampling: one sample per prompt at temperature 0."""
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, stop_token_ids=stop_token_ids)
+
+
+async def run_on_engine(engine: GenerationEngine, evaluation: EngineEval) -> EngineEval:
+    """`evaluation` alone on `engine` (started, nothing else submitted): its requests sent and every
+    piece read until it is done (`python -m jaxrl_async.eval`'s multi-turn passes)."""
+    for request in evaluation.requests():
+        await engine.submit(request)
+    async for piece in engine.outputs():
+        if evaluation.add(piece):
+            return evaluation
+    raise RuntimeError("the engine's stream ended before the evaluation was done")
 
 
 # ------------------------------------------------------------------ decoding, scoring, the figures

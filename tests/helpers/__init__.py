@@ -5,8 +5,8 @@
 - `train_runs.py`: composing conf/train.yaml and running a training job in-process.
 - `engines.py`: reading and comparing a generation engine's output stream.
 - `fake_vllm.py`: hand-written stand-ins for vLLM's `AsyncLLM` and its worker.
+- `episodes.py`: scripted model turns, and one episode played on the runtime's EpisodeEngine.
 - `tasks.py`: scoring a completion with a task's reward.
-- `turn_clients.py`: a real `TurnClient` over a real engine, for tasks that play episodes.
 - `reward_fns.py`: user reward functions that hang, raise or die on some prompts (light to import).
 - `scripted.py`, `adversarial.py`: policy drivers (scripted events; random possible interleavings).
 - `sim_policies.py`: tiny policies for the simulator tests.

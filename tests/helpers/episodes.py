@@ -1,41 +1,41 @@
-"""Turn clients for the episode tests (envs/episode.py `TurnClient`), and a model that writes one token.
+"""Episodes for the tests: scripted turns for an environment's logic, and real ones on the runtime's engine.
 
-- `EngineTurnClient`: one episode's turns on a real engine (a JaxEngine): each turn is one engine
-  request whose prompt is the episode's whole token sequence so far; it checks that the sequence
-  extends what it recorded (token-in, token-out), records the environment's new tokens as
-  untrained and the sampled ones as trained. A test helper until the runtime's EpisodeEngine
-  (envs/engine.py) serves episodes; it reads the engine's output stream itself, so one client
-  drives one engine at a time.
-- `ScriptedTurnClient`: returns chosen turns (text tokenized, a stop token appended), recording
-  the same way: an episode whose model turns a test picks.
+- `ScriptedTurnClient` (envs/episode.py `TurnClient`): returns chosen turns (text tokenized, a
+  stop token appended), checking that each call extends the recorded sequence (token-in,
+  token-out) and recording the environment's tokens as untrained: an episode whose model turns a
+  test picks.
 - `constant_token_model`: the tiny model with weights set so that greedy sampling writes one
   chosen token at every position: a real engine whose turns a test can predict.
-- `play_on_engine`: one episode of a task's example on a fresh JaxEngine.
+- `play_on_engine`: one episode of a prompt played as training plays it, a request with
+  `episode_of` on the runtime's EpisodeEngine (envs/engine.py) over a fresh JaxEngine; the test
+  reads what the engine streamed (`PlayedEpisode`: the sequence, its loss mask, the turns, the
+  environment's tokens) and the done piece's `EpisodeRecord`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import itertools
+from dataclasses import dataclass
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_async.engines.base import GenerationEngine, GenerationRequest, SamplingParams, join_outputs
+from jaxrl_async.engines.base import GenerationRequest, SampleOutput, SamplingParams
 from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.engine import JaxEngine
-from jaxrl_async.envs.episode import EpisodeFault, EpisodeResult, Turn
+from jaxrl_async.envs.engine import EpisodeEngine
+from jaxrl_async.envs.episode import EpisodeFault, EpisodeRecord, EpisodeResult, Turn
 from jaxrl_async.envs.task import EpisodeContext, EpisodeTask
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
 from jaxrl_async.tasks.base import Example, Prompt
 from jaxrl_async.tokenizer import Tokenizer
+from planner.versions import extend_runs
 
 
 class RecordingClient:
-    """What both clients share: the episode's sequence as recorded, and which tokens were sampled."""
+    """The episode's sequence as a client records it, and which tokens were sampled."""
 
     def __init__(self, context: int) -> None:
         self.context = context
@@ -64,30 +64,6 @@ class RecordingClient:
         self.loss_mask += [1] * len(turn.token_ids)
         self.turns.append(turn)
         return turn
-
-
-class EngineTurnClient(RecordingClient):
-    """One episode's turns on `engine` (started by the caller), sampled with `sampling` (n=1)."""
-
-    _ids = itertools.count()
-
-    def __init__(self, engine: GenerationEngine, sampling: SamplingParams, context: int) -> None:
-        super().__init__(context)
-        self.engine, self.sampling = engine, sampling
-
-    async def generate(self, token_ids: list[int], *, max_new_tokens: int | None = None) -> Turn:
-        budget = self.extend(token_ids, max_new_tokens or self.sampling.max_new_tokens)
-        request_id = f"episode-turn-{next(self._ids)}"
-        sampling = dataclasses.replace(self.sampling, max_new_tokens=budget, n=1)
-        await self.engine.submit(GenerationRequest(request_id, list(token_ids), sampling))
-        pieces = []
-        async for out in self.engine.outputs():
-            assert out.request_id == request_id, out.request_id  # one client drives the engine
-            pieces.append(out)
-            if out.done:
-                break
-        out = join_outputs(pieces)
-        return self.record(Turn(out.token_ids, out.logprobs, out.versions, out.finish_reason))
 
 
 class ScriptedTurnClient(RecordingClient):
@@ -132,19 +108,95 @@ def constant_token_model(cfg: ModelConfig, token_id: int) -> Transformer:
     return model
 
 
+@dataclass
+class PlayedEpisode:
+    """One episode as the runtime's EpisodeEngine streamed it: its pieces and its done piece's record."""
+
+    prompt: Prompt
+    pieces: list[SampleOutput]  # in arrival order, the done piece last
+
+    @property
+    def record(self) -> EpisodeRecord:
+        return self.pieces[-1].episode
+
+    @property
+    def result(self) -> EpisodeResult | None:
+        return self.record.result
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The episode's whole sequence: prompt, turns, environment tokens."""
+        return list(self.prompt.prompt_ids) + [t for p in self.pieces for t in p.token_ids]
+
+    @property
+    def loss_mask(self) -> list[int]:
+        """1 for a token the model sampled, 0 for the prompt's and the environment's."""
+        return [0] * len(self.prompt.prompt_ids) + [int(p.sampled) for p in self.pieces for _ in p.token_ids]
+
+    @property
+    def env_tokens(self) -> list[list[int]]:
+        """The environment's tokens before each turn after the first."""
+        return [p.token_ids for p in self.pieces if not p.sampled]
+
+    @property
+    def versions(self) -> list[list[int]]:
+        """Run-length versions of every sampled token."""
+        runs: list[list[int]] = []
+        for p in self.pieces:
+            extend_runs(runs, p.versions)
+        return runs
+
+    def turns(self) -> list[list[int]]:
+        """Each model turn's sampled tokens (the record's per-turn counts split them)."""
+        sampled = [t for p in self.pieces if p.sampled for t in p.token_ids]
+        out, at = [], 0
+        for n in self.record.turn_tokens:
+            out.append(sampled[at:at + n])
+            at += n
+        return out
+
+    def sent(self) -> list[list[int]]:
+        """The tokens each turn was asked to continue: the sequence before its sampled tokens."""
+        flagged = [(t, p.sampled) for p in self.pieces for t in p.token_ids]
+        seq, out, at = list(self.prompt.prompt_ids), [], 0
+        for n in self.record.turn_tokens:
+            while at < len(flagged) and not flagged[at][1]:  # the environment's tokens before the turn
+                seq.append(flagged[at][0])
+                at += 1
+            out.append(list(seq))
+            seq += [t for t, _ in flagged[at:at + n]]
+            at += n
+        return out
+
+
 def play_on_engine(model: Transformer, model_cfg: ModelConfig, tokenizer: Tokenizer, task: EpisodeTask,
-                   example: Example, sampling: SamplingParams,
-                   context: int = 512) -> tuple[Prompt, EngineTurnClient, EpisodeResult]:
-    """One episode of `example` on a fresh one-slot JaxEngine of `model`: (prompt, client, result)."""
-    prompt = task.encoder(tokenizer, tokenizer.chat_template)(example)
+                   prompt: Prompt, sampling: SamplingParams, context: int = 512) -> PlayedEpisode:
+    """One episode of `prompt` (a request with `episode_of`) on a fresh EpisodeEngine over a one-slot
+    JaxEngine of `model`, as training plays it; a task with `aclose` is closed on the same loop."""
 
     async def main():
-        engine = JaxEngine(model, model_cfg, EngineConfig(num_slots=1, max_len=context, min_bucket=8))
+        inner = JaxEngine(model, model_cfg, EngineConfig(num_slots=1, max_len=context, min_bucket=8))
+        engine = EpisodeEngine(inner, task, EpisodeContext(tokenizer, sampling.stop_token_ids), max_len=context)
         await engine.start()
         try:
-            client = EngineTurnClient(engine, sampling, context)
-            return client, await task.run_episode(prompt, client, EpisodeContext(tokenizer, sampling.stop_token_ids))
+            await engine.submit(GenerationRequest("episode", list(prompt.prompt_ids), sampling, episode_of=prompt))
+            pieces = []
+            async for piece in engine.outputs():
+                pieces.append(piece)
+                if piece.done:
+                    return PlayedEpisode(prompt, pieces)
         finally:
+            if hasattr(task, "aclose"):
+                await task.aclose()
             await engine.stop()
 
-    return (prompt, *asyncio.run(main()))
+    return asyncio.run(main())
+
+
+def play_example(model: Transformer, model_cfg: ModelConfig, tokenizer: Tokenizer, task: EpisodeTask,
+                 example: Example, sampling: SamplingParams) -> tuple[Prompt, PlayedEpisode, EpisodeResult]:
+    """`play_on_engine` of `example`'s prompt, an episode that runs to its end: (prompt, played, result)."""
+    prompt = task.encoder(tokenizer, tokenizer.chat_template)(example)
+    played = play_on_engine(model, model_cfg, tokenizer, task, prompt, sampling)
+    assert played.record.fault is None, played.record.fault
+    return prompt, played, played.result

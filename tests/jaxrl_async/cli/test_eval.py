@@ -112,6 +112,8 @@ def test_the_table_names_each_figure_by_what_it_measures(capsys):
     (["task=gsm8k"], "task.test_path=None: split=test needs a held-out GSM8K-format JSONL"),
     (["split=validation"], "split='validation': must be one of ('train', 'test')"),
     (["samples=0"], "samples=0: must be an int >= 1"),
+    (["max_len=1"], "max_len=1: must be an int >= 2"),
+    (["max_len=20", "max_new_tokens=8"], "max_len=20: must hold the longest prompt + max_new_tokens=8 ="),
     (["temperatur=0.5"], "temperatur"),
     (["model=nope"], "model"),
 ])
@@ -161,3 +163,69 @@ def test_model_adapter_evaluates_the_base_with_the_adapter_merged(capsys, tmp_pa
     code, out, err = run_main(capsys, f"model.source={tmp_path / 'other'}", f"model.adapter={tmp_path / 'hf'}", *common)
     _, error = status_and_error(err)
     assert code == 1 and out == "" and error.startswith(f"error: model.adapter='{tmp_path / 'hf'}': tensor "), err
+
+
+# ------------------------------------------------------------------ multi-turn tasks: episodes
+EPISODES = ("task=guess_number", "task.num_test_prompts=3", "task.max_turns=2", "max_new_tokens=4", "max_len=256",
+            "num_slots=4", "output=json")
+
+
+def figures(out: str) -> dict:
+    return {k: v for k, v in json.loads(out).items() if k != "elapsed_s"}
+
+
+def test_a_multi_turn_task_plays_every_held_out_prompt_as_an_episode_the_same_each_run(capsys):
+    code, out, err = run_main(capsys, *EPISODES)
+    assert code == 0, err
+    assert status_and_error(err)[0] == ["loading model tiny ...", "compiling and playing 3 prompts greedily ..."]
+    first = figures(out)
+    assert first["n"] == 3 and first["samples"] == 1 and first["reward_errors"] == 0  # every episode ran to its end
+    code, out, err = run_main(capsys, *EPISODES)
+    assert code == 0 and figures(out) == first  # greedy episodes: the same figures
+
+
+def test_an_episode_that_outgrows_max_len_is_a_reward_error_of_each_pass_not_a_crash(capsys):
+    """The prompt fits max_len (151 tokens of 160) but the environment's first reply does not:
+    every episode, greedy and sampled, ends with a `too_long` fault, counted and scored 0."""
+    code, out, err = run_main(capsys, *EPISODES, "max_len=160", "samples=2")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["reward_errors"] == 3 + 3 * 2 and result["mean_reward"] == 0.0 and result["sampled_mean_reward"] == 0.0
+
+
+def test_an_episode_s_reward_is_its_result_s(capsys, tmp_path):
+    """A model whose argmax is always "7777" finds the secret 7777 in its one turn and no other: the
+    greedy pass@1 is the share of held-out secrets that are 7777 (the environment's own rule);
+    its samples at temperature 100 are near-uniform bytes that find nothing (the passes differ)."""
+    from jaxrl_async.models.config import ModelConfig
+    from jaxrl_async.models.hf_weights import save_hf
+    from jaxrl_async.tasks import build_task
+    from tests.helpers.episodes import constant_token_model
+
+    cfg = ModelConfig.tiny()
+    save_hf(constant_token_model(cfg, ord("7")), cfg, tmp_path / "sevens", load_model("tiny").tokenizer)
+    keys = {"lo": 7770, "hi": 7779, "num_test_prompts": 9, "max_turns": 1}
+    secrets = [e.answer for e in build_task({"name": "guess_number", **keys}).test_examples()]
+    assert 7777 in secrets  # the data seed's split: the test can tell a found secret from none
+    code, out, err = run_main(capsys, f"model.source={tmp_path / 'sevens'}", "task=guess_number", "max_new_tokens=4",
+                              "max_len=200", "num_slots=4", "output=json", "samples=2", "temperature=100",
+                              *(f"task.{k}={v}" for k, v in keys.items()))
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["n"] == 9 and result["reward_errors"] == 0
+    assert result["pass_at_1"] == pytest.approx(1 / 9) and result["mean_reward"] == pytest.approx(1 / 9)
+    assert result["sampled_mean_reward"] == 0.0
+
+
+def test_max_len_that_cannot_hold_a_prompt_is_one_error_line(capsys):
+    code, out, err = run_main(capsys, *EPISODES[:-2], "max_len=100")
+    _, error = status_and_error(err)
+    assert code == 1 and out == "" and error.startswith("error: max_len=100: must hold the longest prompt + 1 ="), err
+
+
+def test_max_len_of_a_single_turn_task_sizes_the_engine_not_the_figures(capsys):
+    args = ("task=copy_string", "limit=4", "max_new_tokens=4", "output=json")
+    code, out, err = run_main(capsys, *args)
+    code2, out2, err2 = run_main(capsys, *args, "max_len=120")
+    assert code == code2 == 0, err + err2
+    assert figures(out) == figures(out2)

@@ -4,7 +4,7 @@ the rollouts, and leaves the ledger and the audit untouched."""
 import pytest
 
 from jaxrl_async.engines.base import SampleOutput
-from jaxrl_async.runtime.evaluation import EngineEval, EvalScheduler, is_eval_request
+from jaxrl_async.runtime.evaluation import EngineEval, EvalScheduler, greedy_sampling, is_eval_request
 from jaxrl_async.tasks.base import Prompt
 from planner.ledger import LEDGER_FILE, read_ledger
 from planner.ledger_audit import audit
@@ -45,7 +45,7 @@ def test_bad_eval_settings_name_the_key(tmp_path, key, value):
 
 def test_an_evaluation_collects_its_own_pieces_and_ignores_an_earlier_ones():
     prompts = [Prompt(f"p{i}", "", [1, 2], "a", {}) for i in range(2)]
-    ev = EngineEval(prompts, version=3, max_new_tokens=4, stop_token_ids=(0,))
+    ev = EngineEval(prompts, 3, greedy_sampling(4, (0,)))
     requests = ev.requests()
     assert [r.request_id for r in requests] == ["eval.3.0", "eval.3.1"] and all(map(is_eval_request, ["eval.3.0"]))
     assert all(r.sampling.temperature == 0 and r.priority > 1e20 for r in requests)  # greedy, behind rollouts
@@ -58,7 +58,7 @@ def test_an_evaluation_collects_its_own_pieces_and_ignores_an_earlier_ones():
     assert not ev.add(piece("eval.1.1", [9], True))  # a late piece of an earlier evaluation
     assert not ev.add(piece("eval.3.0", [6], True))
     assert ev.add(piece("eval.3.1", [7], True, version=4))
-    assert ev._tokens == {0: [5, 6], 1: [7]} and ev.min_version == 3
+    assert ev._tokens == [[[5, 6]], [[7]]] and ev.min_version == 3
 
 
 def scheduler(every: int) -> EvalScheduler:

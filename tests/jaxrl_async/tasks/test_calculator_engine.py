@@ -1,6 +1,7 @@
-"""A calculator episode played by a real JaxEngine (tests/helpers/episodes.py's EngineTurnClient):
-a turn without a tool call is the final answer, read from the tokens the engine sampled; a turn
-with a malformed call gets the tool's error as the template's tokens and the episode goes on."""
+"""A calculator episode played by the runtime's EpisodeEngine over a real JaxEngine
+(tests/helpers/episodes.py `play_example`): a turn without a tool call is the final answer, read
+from the tokens the engine sampled; a turn with a malformed call gets the tool's error as the
+template's tokens and the episode goes on."""
 
 import pytest
 
@@ -8,7 +9,7 @@ from jaxrl_async.engines.base import SamplingParams
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.tasks import build_task
 from jaxrl_async.tokenizer import tiny_tokenizer
-from tests.helpers.episodes import constant_token_model, play_on_engine
+from tests.helpers.episodes import constant_token_model, play_example
 
 CFG = ModelConfig.tiny()
 TOK = tiny_tokenizer()
@@ -21,8 +22,8 @@ def test_a_turn_without_a_call_ends_the_episode_and_is_scored_as_the_answer(pair
     task = build_task({"name": "calculator", "a_digits": 2, "b_digits": 3, "turn_max_new_tokens": 4})
     (example,) = task.make_examples([pair], "train")
     greedy = SamplingParams(16, temperature=0.0, stop_token_ids=CFG.eos_token_ids)
-    prompt, client, result = play_on_engine(constant_token_model(CFG, ord("7")), CFG, TOK, task, example, greedy)
-    assert len(client.turns) == 1 and client.env_tokens == []
+    prompt, client, result = play_example(constant_token_model(CFG, ord("7")), CFG, TOK, task, example, greedy)
+    assert len(client.turns()) == 1 and client.env_tokens == []
     assert client.token_ids == prompt.prompt_ids + TOK.encode("7777")
     assert (result.reward, result.extracted_answer) == (reward, "7777")
     assert result.terms == {"correct": reward, "tool_calls": 0.0, "tool_errors": 0.0}
@@ -35,9 +36,9 @@ def test_an_unclosed_call_gets_an_error_reply_in_template_tokens_and_the_model_i
                        "turn_max_new_tokens": 4})
     example = task.examples()[0]
     greedy = SamplingParams(16, temperature=0.0, stop_token_ids=CFG.eos_token_ids)
-    prompt, client, result = play_on_engine(constant_token_model(CFG, ord("`")), CFG, TOK, task, example, greedy)
+    prompt, client, result = play_example(constant_token_model(CFG, ord("`")), CFG, TOK, task, example, greedy)
     ticks = TOK.encode("````")
-    assert [t.token_ids for t in client.turns] == [ticks] * 3
+    assert client.turns() == [ticks] * 3
     bridge = "<|im_end|>\n<|im_start|>user\nerror: the call is not closed<|im_end|>\n<|im_start|>assistant\n"
     assert [TOK.decode(e, skip_special_tokens=False) for e in client.env_tokens] == [bridge, bridge]
     assert client.token_ids == prompt.prompt_ids + ticks + client.env_tokens[0] + ticks + client.env_tokens[1] + ticks

@@ -12,8 +12,7 @@ pytest.importorskip("verifiers", reason='task=verifiers needs verifiers: pip ins
 
 from flax import nnx  # noqa: E402
 
-from jaxrl_async.engines.jax.config import EngineConfig  # noqa: E402
-from jaxrl_async.engines.jax.engine import JaxEngine  # noqa: E402
+from jaxrl_async.engines.base import SamplingParams  # noqa: E402
 from jaxrl_async.envs.episode import EpisodeFault, Turn  # noqa: E402
 from jaxrl_async.envs.task import EpisodeContext  # noqa: E402
 from jaxrl_async.models.config import ModelConfig  # noqa: E402
@@ -24,7 +23,7 @@ from jaxrl_async.tokenizer import tiny_tokenizer  # noqa: E402
 from tests.helpers import REPO  # noqa: E402
 from jaxrl_async.job.setup import typed_config  # noqa: E402
 from tests.helpers.train_runs import QUIET, compose_train  # noqa: E402
-from tests.helpers.turn_clients import EngineTurnClient  # noqa: E402
+from tests.helpers.episodes import constant_token_model, play_on_engine  # noqa: E402
 
 TOK = tiny_tokenizer()
 EXAMPLE_ENVS = REPO / "examples" / "verifiers_envs"
@@ -116,26 +115,13 @@ def test_the_reward_and_its_terms_are_the_librarys():
     assert (never.reward, never.info["generate_calls"]) == (0.0, 3)
 
 
-def on_the_engine(task, prompt, seed):
-    """One episode of `prompt` on the tiny model's JaxEngine through a real TurnClient: (client, result
-    or the EpisodeFault it ended with)."""
-    cfg = ModelConfig.tiny()
+CFG = ModelConfig.tiny()
 
-    async def main():
-        engine = JaxEngine(Transformer(cfg, rngs=nnx.Rngs(0)), cfg,
-                           EngineConfig(num_slots=2, max_len=512, min_bucket=8))
-        await engine.start()
-        client = EngineTurnClient(engine, prompt.prompt_ids, max_len=512, max_new_tokens=16,
-                                  stop_token_ids=TOK.eos_token_ids, seed=seed)
-        try:
-            return client, await task.run_episode(prompt, client, CTX)
-        except EpisodeFault as fault:
-            return client, fault
-        finally:
-            await task.aclose()
-            await engine.stop()
 
-    return asyncio.run(main())
+def on_the_engine(task, prompt, model, sampling):
+    """One episode of `prompt` on the runtime's EpisodeEngine over a JaxEngine of the tiny `model`,
+    as training plays it (tests/helpers/episodes.py `play_on_engine`): what the engine streamed."""
+    return play_on_engine(model, CFG, TOK, task, prompt, SamplingParams(16, stop_token_ids=TOK.eos_token_ids, **sampling))
 
 
 def test_a_held_out_prompt_plays_on_the_held_out_taskset():
@@ -148,25 +134,19 @@ def test_a_held_out_prompt_plays_on_the_held_out_taskset():
 
 
 def test_an_episode_on_the_jax_engine_trains_exactly_the_tokens_verifiers_sent():
-    # Turns of 3 random tokens (length-cut: verifiers renders the conversation again); seed 8 samples
-    # bytes that are text, so every turn verifiers sends extends the last (seed 0: the test below).
+    # Turns of "333" (a model that writes only 3s, length-cut: verifiers renders the conversation
+    # again); digits are text, so every turn verifiers sends extends the last (random bytes: below).
     task = guess_digit(turn_max_new_tokens=3)
     prompt = task.encoder(TOK, None)(task.examples()[1])
-    client, result = on_the_engine(task, prompt, seed=8)
-    assert not isinstance(result, EpisodeFault), result
-    assert client.sent[0] == prompt.prompt_ids  # verifiers' first turn is the prompt, token for token
-    for before, after in zip(client.sent, client.sent[1:]):
+    played = on_the_engine(task, prompt, constant_token_model(CFG, ord("3")), {"temperature": 0.0})
+    result, sent = played.result, played.sent()
+    assert played.record.fault is None, played.record.fault
+    assert sent[0] == prompt.prompt_ids  # verifiers' first turn is the prompt, token for token
+    for before, after in zip(sent, sent[1:]):
         assert after[:len(before)] == before and len(after) > len(before)  # every turn extends the last
-    assert result.info["generate_calls"] == len(client.sent) == sum(m["role"] == "assistant" for m in result.messages)
-    # each turn's sampled tokens, as the client recorded them, are the model's turns in verifiers' messages
-    turns, run = [], []
-    for token, trained in zip(client.token_ids, client.trained):
-        if trained:
-            run.append(token)
-        elif run:
-            turns.append(run)
-            run = []
-    turns += [run] if run else []
+    assert result.info["generate_calls"] == len(sent) == sum(m["role"] == "assistant" for m in result.messages)
+    # each turn's sampled tokens, as the engine streamed them, are the model's turns in verifiers' messages
+    turns = played.turns()
     replies = [m["content"] for m in result.messages if m["role"] == "assistant"]
     assert [TOK.decode([t for t in ids if t not in TOK.eos_token_ids]) for ids in turns] == replies
     secret = task._split_tasks("train")[1].data.secret
@@ -180,10 +160,11 @@ def test_a_turn_verifiers_tokenizes_again_differently_is_a_prefix_mismatch_never
     # without its stop token, renders the decoded text again, and the bytes come back otherwise.
     task = guess_digit(turn_max_new_tokens=3)
     prompt = task.encoder(TOK, None)(task.examples()[1])
-    client, fault = on_the_engine(task, prompt, seed=0)
-    assert isinstance(fault, EpisodeFault) and fault.kind == "prefix_mismatch"
-    first = len(prompt.prompt_ids) + 3
-    assert client.sent[-1][:first] != client.token_ids[:first]  # what verifiers sent rewrote the sampled turn
+    played = on_the_engine(task, prompt, Transformer(CFG, rngs=nnx.Rngs(0)), {"seed": 0})
+    assert played.record.fault_kind == "prefix_mismatch" and played.result is None and played.record.turn_tokens == [3]
+    # the mismatching call was refused: nothing after the sampled turns was streamed, so nothing
+    # verifiers re-rendered reaches training (the faulted episode is left out of the loss)
+    assert played.token_ids == played.sent()[-1] + played.turns()[-1] and all(p.sampled for p in played.pieces)
 
 
 def test_a_turn_the_client_refuses_ends_the_episode_with_that_fault():
