@@ -3,7 +3,8 @@
 The environment answers every model turn with "turn <k>" (a `tool` message) until `max_turns`;
 the reward is the share of turns the model took. `fault` makes a chosen step misbehave the way an
 environment can: raise, hang, return something that is not a reply, or a reply too long for the
-context. It is registered in `TASKS` when this module is imported (tests only).
+context. It is not registered in `TASKS` (the package's registry lists the package's tasks, which
+the conf files and `--help` mirror): `echo_task(...)` builds one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from typing import Any
 
 from jaxrl_async.envs.episode import EpisodeResult
 from jaxrl_async.envs.task import ChatEnvTask, EnvReply, EnvTaskConfig
-from jaxrl_async.tasks.base import TASKS, Example, register_task
+from jaxrl_async.tasks.base import Example
+from planner.configs import build
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +78,7 @@ class SyncHangTask(EchoTurnsTask):
         return EnvReply([{"role": "tool", "content": "late"}])
 
 
-for cls in (EchoTurnsTask, SyncHangTask):
-    if cls.name not in TASKS:
-        register_task(cls)
+def echo_task(sync_hang: bool = False, **keys: Any) -> EchoTurnsTask:
+    """An `echo_turns` task (a `SyncHangTask` with `sync_hang`) with these config keys, typed as any task's."""
+    cls = SyncHangTask if sync_hang else EchoTurnsTask
+    return cls(build(EchoTurnsConfig, keys, "task", what=f"key for task {cls.name!r}"))

@@ -17,9 +17,8 @@ from jaxrl_async.envs.engine import EpisodeEngine
 from jaxrl_async.envs.task import EpisodeContext
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.transformer import Transformer
-from jaxrl_async.tasks.base import build_task
 from jaxrl_async.tokenizer import tiny_tokenizer
-from tests.helpers import echo_env  # noqa: F401  (registers echo_turns)
+from tests.helpers.echo_env import echo_task
 from tests.helpers.engines import params_of
 
 CFG = ModelConfig.tiny()
@@ -34,7 +33,7 @@ def models():
 
 
 def task(**keys):
-    return build_task({"name": keys.pop("name", "echo_turns"), "max_turns": 3, **keys})
+    return echo_task(**{"max_turns": 3, **keys})
 
 
 def prompt_of(t):
@@ -179,7 +178,7 @@ def test_a_failing_environment_step_ends_its_episode_with_a_fault_and_no_reward(
 
 
 def test_a_sync_step_that_hangs_times_out_without_blocking_the_run(models):
-    t = task(name="echo_turns_sync_hang", env_timeout_s=0.5)
+    t = task(sync_hang=True, env_timeout_s=0.5)
     prompt = prompt_of(t)
 
     async def main():

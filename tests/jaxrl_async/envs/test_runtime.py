@@ -13,14 +13,13 @@ from jaxrl_async.runtime.config import RunConfig
 from jaxrl_async.runtime.controller import Controller
 from jaxrl_async.runtime.metrics import METRICS_FILE, JsonlSink
 from jaxrl_async.runtime.samples import SAMPLES_FILE, SampleLog
-from jaxrl_async.tasks.base import build_task
 from jaxrl_async.tokenizer import tiny_tokenizer
 from planner.ledger import LEDGER_FILE, LedgerWriter, read_ledger
 from planner.ledger_audit import audit
 from planner.registry import make_policy
 from planner.run_trace import TRACE_FILE, TraceWriter, read_run_trace
 from planner.types import PlanContext
-from tests.helpers import echo_env  # noqa: F401  (registers echo_turns)
+from tests.helpers.echo_env import echo_task
 from tests.helpers.controller_harness import InstantTrainer, ScriptedEngine, run
 
 
@@ -28,8 +27,7 @@ def episode_controller(run_dir, *, fault: str = "", steps: int = 4, max_rate: fl
     cfg = RunConfig(max_staleness=1, batch_groups=2, group_size=2, steps=steps, max_new_tokens=4, seed=0,
                     export_hf=False, progress="off", tensorboard=False, samples_per_step=3)
     tokenizer = tiny_tokenizer()
-    task = build_task({"name": "echo_turns", "max_turns": 3, "fault": fault, "fault_at_turn": 1,
-                       "max_reward_failure_rate": max_rate})
+    task = echo_task(max_turns=3, fault=fault, fault_at_turn=1, max_reward_failure_rate=max_rate)
     inner = ScriptedEngine(tokens=2)
     engine = EpisodeEngine(inner, task, EpisodeContext(tokenizer, (257,)), max_len=512)
     run_dir.mkdir(parents=True, exist_ok=True)
