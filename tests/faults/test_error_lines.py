@@ -73,13 +73,30 @@ def test_a_mistyped_policy_parameter_is_one_line_naming_it_and_leaves_no_run_dir
     assert not (tmp_path / "run").exists()
 
 
+def _wait_until_python_handles_sigint(proc: subprocess.Popen, timeout_s: float = 60) -> None:
+    """Until the interpreter has installed its SIGINT handler (/proc's SigCgt): before that the
+    process is still being exec'd and loaded, and a Ctrl-C kills it as it would any program (on a
+    loaded machine that can take longer than the shortest delay below)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{proc.pid}/status").read_text()
+        except FileNotFoundError:
+            return
+        caught = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("SigCgt:")), 0)
+        if caught & (1 << (signal.SIGINT - 1)):
+            return
+        time.sleep(0.005)
+
+
 @pytest.mark.slow
 def test_ctrl_c_at_any_moment_of_start_up_is_one_line_and_exit_status_130(tmp_path):
     interrupted = 0
     for delay in (0.3, 1.0, 3.0, 6.0):
-        proc = subprocess.Popen([sys.executable, "-m", "jaxrl_async.train", *SMALL, "steps=200",
+        proc = subprocess.Popen([sys.executable, "-m", "jaxrl_async.train", *SMALL, "steps=5000",
                                  f"hydra.run.dir={tmp_path / str(delay)}"], cwd=REPO, env=ENV,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        _wait_until_python_handles_sigint(proc)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=240)
