@@ -143,7 +143,10 @@ Versions = list[tuple[int, int]]
 #   partial   in-flight samples continue on the new weights (partial rollout)
 #   drain     in-flight samples finish on the old weights, then the weights swap
 #   resubmit  vLLM only: abort in flight, push, resubmit each sample as prompt + its tokens so far
-SYNC_MODES = ("partial", "drain", "resubmit")
+#   pinned    the update becomes one more resident version (LoRA adapters, `engine.adapter_versions`):
+#             in-flight samples finish on the version they were admitted on, new ones start on the
+#             newest, nothing waits and no sequence mixes versions
+SYNC_MODES = ("partial", "drain", "resubmit", "pinned")
 RENAMED_SYNC_MODES = {"inflight": "partial", "keep": "partial"}  # the simulator's and vLLM's old words
 
 
