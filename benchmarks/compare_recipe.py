@@ -2,6 +2,8 @@
 
     python benchmarks/compare_recipe.py [--experiment smollm2_products12] [--root RUNS] [--out benchmarks/results]
     python benchmarks/compare_recipe.py --only lookahead-grpo-eta2,areal-grpo-eta2   # a subset
+    python benchmarks/compare_recipe.py --experiment smollm2_calculator \
+        --only lookahead-grpo-eta1,nemo_in_order-grpo-eta1,lookahead-grpo-eta2,nemo_in_order-grpo-eta2
 
 Each variant is one `python -m jaxrl_async.train +experiment=E policy=P trainer=L max_staleness=η`
 run, one after the other (the machine's cores go to one run at a time, so wall times compare);
@@ -41,6 +43,14 @@ class Variant:
     @property
     def name(self) -> str:
         return f"{self.policy}-{self.loss}-eta{self.eta}"
+
+    @classmethod
+    def parse(cls, name: str) -> Variant:
+        """`POLICY-LOSS-etaN` (the form `name` writes), any policy and loss preset the trainer knows."""
+        policy, loss, eta = name.rsplit("-", 2)
+        if not eta.startswith("eta") or not eta[3:].isdigit():
+            raise ValueError(f"{name!r}: a variant is POLICY-LOSS-etaN, e.g. lookahead-grpo-eta2")
+        return cls(policy, loss, int(eta[3:]))
 
     def overrides(self) -> list[str]:
         return [f"policy={self.policy}", f"trainer={self.loss}", f"max_staleness={self.eta}"]
@@ -121,11 +131,13 @@ def main() -> None:
     parser.add_argument("--root", type=Path, default=Path("runs/compare"))
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", default="", help="comma-separated variant names (default: all)")
+    parser.add_argument("--only", default="", help="comma-separated variants POLICY-LOSS-etaN, in this order "
+                                                   "(default: VARIANTS)")
     args = parser.parse_args()
-    chosen = [v for v in VARIANTS if not args.only or v.name in args.only.split(",")]
-    if not chosen:
-        parser.error(f"--only {args.only}: no such variant (known: {', '.join(v.name for v in VARIANTS)})")
+    try:
+        chosen = [Variant.parse(name) for name in args.only.split(",")] if args.only else list(VARIANTS)
+    except ValueError as e:
+        parser.error(f"--only: {e}")
     args.root.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     for variant in chosen:
