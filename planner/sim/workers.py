@@ -239,6 +239,8 @@ class Worker:
         """Start `group` on this worker, sampling on the newest version (or `version`: a pinned
         group migrated here keeps its own)."""
         first_run = group.token == -1
+        assert version is None or version in self.resident_versions(), \
+            f"worker {self.index} holds versions {sorted(self.resident_versions())}: cannot run group {group.uid} on {version}"
         group.version = self.version if version is None else version
         token = self._next_token
         self._next_token += 1

@@ -12,6 +12,7 @@ from planner.ledger import LedgerWriter, read_ledger
 from planner.ledger_audit import audit
 from planner.registry import POLICIES, make_policy
 from planner.sim import FaultConfig, SimConfig, Simulator, SimTrainerConfig, WorkerConfig, make_workload
+from planner.sim.tail import SimTail
 from planner.sim.trace import TraceGroup, write_trace
 from planner.types import PlanContext
 from tests.helpers.sim_policies import FifoCapped
@@ -134,3 +135,31 @@ def test_every_policy_runs_under_pinned_and_passes_the_audit_at_its_own_bound(tm
     assert s["weight_updates"]["loads"] > 0 and s["tail"]["update_load_s"] == 0
     if bound is not None:
         assert report.ok and report.max_token_staleness <= bound, report.verdict()
+
+
+def test_a_pinned_group_migrates_only_to_a_worker_holding_its_version_and_keeps_it(tmp_path, monkeypatch):
+    # Uneven workers (bench_tail's migration case): stragglers on the slow worker move, pinned to their version,
+    # some to a worker whose newest is newer; K = η leaves no room for a version the target does not hold.
+    late = []  # moves of a group pinned below its target's newest version
+    target = SimTail.target
+
+    def counted(self, src, g):
+        w = target(self, src, g)
+        if w is not None and g.version < w.version:
+            late.append(g.uid)
+        return w
+
+    monkeypatch.setattr(SimTail, "target", counted)
+    ctx = PlanContext(8, 4, 2, 20)
+    cfg = build(SimConfig, {"workers": {"num_workers": 3, "speeds": [0.25, 1.0, 1.0], "sync_mode": "pinned",
+                                        "resident_versions": 2}}, "sim")
+    result, run_dir = simulate(tmp_path, make_policy("lookahead", ctx, {"migrate": True}), ctx, cfg,
+                               workload={"name": "heavy_tail"}, seed=0)
+    assert len(late) >= 5
+    lines = list(read_ledger(run_dir / "ledger.jsonl"))
+    started = {e["uid"]: e["version"] for e in lines if e["event"] == "start"}
+    trained = [g for e in lines if e["event"] == "train" for g in e["groups"]]
+    assert len(trained) == 8 * 20 and all([v for v, _ in g["versions"]] == [started[g["uid"]]] for g in trained)
+    assert result.summary["weight_updates"]["max_resident"] <= 2
+    report = audit(run_dir, 2)
+    assert report.ok and report.migrations > 0 and report.groups_dropped == 0, report.verdict()
