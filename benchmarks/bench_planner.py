@@ -102,6 +102,11 @@ def run_one(job: tuple[str, str, int | None, int, int, tuple[str, ...]],
         "end_of_run": drops.get("end_of_run", 0), "tokens_wasted": s["tokens_wasted"],
         "max_staleness": s["max_token_staleness"], "mean_staleness": s["mean_token_staleness"],
         "deadlock": s.get("deadlock", False),
+        # Weight updates (planner/tail_analysis.py update_*): worker time swapping in weights or holding new
+        # starts for an update, as a share of all worker time; loads that waited (drain, pinned's K).
+        "update_stall": (s["tail"]["update_load_s"] + s["tail"]["update_held_s"])
+        / (config.sim.workers.num_workers * s["elapsed_s"]),
+        "held_loads": s["weight_updates"]["held_loads"],
         "length_ks": s["length_bias"]["ks"], "length_ratio": s["length_bias"]["mean_length_ratio"],
         "length_ks_estimate": estimate["ks"],
         "tail": s["tail"],  # planner_tail.md, not the CSV (its columns stay as they are)
@@ -166,7 +171,8 @@ def median_rows(rows: list[dict], keys: tuple[str, ...]) -> dict[tuple, dict]:
     for key, rs in cells.items():
         m = dict(rs[0])
         for f in ("groups_per_hour", "steady_gph", "trainer_busy", "generator_busy", "stale_drops", "end_of_run",
-                  "tokens_wasted", "mean_staleness", "length_ks", "length_ratio", "length_ks_estimate"):
+                  "tokens_wasted", "mean_staleness", "length_ks", "length_ratio", "length_ks_estimate",
+                  "update_stall", "held_loads"):
             values = [r[f] for r in rs if r[f] is not None]
             m[f] = statistics.median(values) if values else None
         m["max_staleness"] = max(r["max_staleness"] for r in rs)

@@ -70,6 +70,9 @@ FIGURES = {
     "critical_is_longest": "fraction of steps whose critical group needed the most decode steps of its batch",
     "decode_s_per_token": "decode_s / decode steps, p50 and p99, critical groups vs the others",
     "mean_s": "mean seconds of each phase, critical groups vs the others",
+    "update_load_s": "worker-seconds spent swapping in new weights (each load's t_sync; none under sync_mode=pinned)",
+    "update_held_s": "worker-seconds new starts were held for a pending weight update (drain: until in-flight samples "
+                     "finished; pinned: until a resident version freed); None where the record cannot tell (real runs)",
 }
 PHASES = ("queue_s", "prefill_s", "load_s", "decode_s", "other_s", "trainer_s")
 # An episode turn's three parts, in the order of an `episode` line's [queued_s, gen_s, env_s].
@@ -145,8 +148,11 @@ def critical_groups(groups: Iterable[GroupTimes]) -> dict[int, GroupTimes]:
     return out
 
 
-def tail(groups: Sequence[GroupTimes], steps: Sequence[StepTimes]) -> dict[str, Any]:
-    """The `tail` figures (`FIGURES`) of `groups` (trained ones) and the run's `steps`."""
+def tail(groups: Sequence[GroupTimes], steps: Sequence[StepTimes], *, update_load_s: float | None = None,
+         update_held_s: float | None = None) -> dict[str, Any]:
+    """The `tail` figures (`FIGURES`) of `groups` (trained ones) and the run's `steps`; the two
+    weight-update figures are the run's totals over workers, where its record has them: what a
+    swap and a drain cost every group behind them, and what version pinning removes."""
     by_step: dict[int, list[GroupTimes]] = defaultdict(list)
     for g in groups:
         by_step[g.step].append(g)
@@ -190,6 +196,8 @@ def tail(groups: Sequence[GroupTimes], steps: Sequence[StepTimes]) -> dict[str, 
         "critical_is_longest": longest / n if n else None,
         "decode_s_per_token": per_token,
         "mean_s": mean_s,
+        "update_load_s": update_load_s,
+        "update_held_s": update_held_s,
     }
 
 
@@ -311,7 +319,9 @@ def from_run_dir(run_dir: str | Path) -> dict[str, Any]:
     events = list(read_run_trace(run_dir / TRACE_FILE))
     rows = [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line.strip()]
     groups = groups_from_trace(events, trained_steps(read_ledger(run_dir / LEDGER_FILE)))
-    out = tail(groups, steps_from_metrics(rows))
+    loads = sum(float(e["s"]) for e in events if e["event"] == "load")
+    has_loads = any(e["event"] == "load" for e in events)
+    out = tail(groups, steps_from_metrics(rows), update_load_s=loads if has_loads else None)
     split = episode_split(events)
     if split is not None:
         out["episodes"] = split

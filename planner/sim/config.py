@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from planner.configs import build, check
 from planner.types import check_sync_mode
 
-SYNC_MODES = ("partial", "drain")  # the simulator's part of planner/types.py SYNC_MODES
+SYNC_MODES = ("partial", "drain", "pinned")  # the simulator's part of planner/types.py SYNC_MODES
+RESIDENT_VERSIONS = 4  # K under sync_mode=pinned when sim.workers.resident_versions is not given
 RECOVERY_MODES = ("resume", "regenerate")
 SPECULATION_WHEN = ("never", "critical", "always")  # engine.speculation.when's words and meanings
 
@@ -106,7 +107,12 @@ class WorkerConfig:
       compile_s: s before each worker's first decode step (a real engine compiles its jitted steps
         on the first iteration; planner.calibrate fits it from the trace's compiling iterations). 0
         = none.
-      sync_mode: partial: load now, in-flight samples continue | drain: finish in-flight, then load
+      sync_mode: partial: load now, in-flight samples continue | drain: finish in-flight, then load |
+        pinned: the update is one more resident version at no swap cost; in-flight samples finish
+        on the version they started on, new ones start on the newest (LoRA adapters)
+      resident_versions: K, versions one worker holds at once under sync_mode=pinned (the newest
+        and those in-flight samples are pinned to); an update that needs a (K+1)-th waits, holding
+        new starts, until a pinned version frees. null = 4. Acts only under pinned.
       speculation: speculative decoding (`sim.workers.speculation.*`).
       migration_s: s to move a migrated group's prompt + prefix to its target worker
         (Decision.migrate); the target also re-prefills them (prefill_per_token). Both stall the
@@ -125,6 +131,7 @@ class WorkerConfig:
     colocated_slowdown: float = 0.0
     compile_s: float = 0.0
     sync_mode: str = "partial"
+    resident_versions: int | None = None
     speculation: SpeculationSimConfig = field(default_factory=SpeculationSimConfig)
     migration_s: float = 0.05
 
@@ -143,6 +150,21 @@ class WorkerConfig:
                      "migration_s"):
             check(getattr(self, name) >= 0, f"{p}.{name}", getattr(self, name), "must be >= 0")
         check_sync_mode(f"{p}.sync_mode", self.sync_mode, SYNC_MODES)
+        k = self.resident_versions
+        check(k is None or (isinstance(k, int) and not isinstance(k, bool) and k >= 1), f"{p}.resident_versions", k,
+              "must be an int >= 1 (versions a worker holds at once), or null for 4")
+
+    @property
+    def resident(self) -> int:
+        """K: versions one worker holds at once under sync_mode=pinned."""
+        return RESIDENT_VERSIONS if self.resident_versions is None else self.resident_versions
+
+    def idle_keys(self) -> list[str]:
+        """A one-line warning for each `sim.workers.*` key given that cannot act in this configuration."""
+        if self.resident_versions is not None and self.sync_mode != "pinned":
+            return [f"sim.workers.resident_versions={self.resident_versions}: has no effect with "
+                    f"sim.workers.sync_mode={self.sync_mode} (only pinned keeps several versions resident)"]
+        return []
 
     def speed(self, index: int) -> float:
         return 1.0 if self.speeds is None else self.speeds[index]

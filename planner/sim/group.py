@@ -18,7 +18,7 @@ class SimGroup:
     __slots__ = (
         "uid", "prompt_id", "prompt_tokens", "lengths", "done_tok", "state", "priority", "seq",
         "worker", "token", "rem", "base", "seg_base", "remaining", "kv", "versions", "last_versions",
-        "started", "min_version", "hangs", "stuck", "fast", "critical", "episode", "turn_of",
+        "started", "min_version", "version", "hangs", "stuck", "fast", "critical", "episode", "turn_of",
     )
 
     def __init__(self, uid: int, prompt_id: int | str, prompt_tokens: int, lengths: list[int]) -> None:
@@ -30,6 +30,7 @@ class SimGroup:
         self.state = GroupState.QUEUED
         self.priority = 0.0
         self.min_version = 0  # start barrier: never (re)start on older weights (Admission.version)
+        self.version = 0  # weights its run samples on: the worker's newest at its start (partial: moves with loads)
         self.seq = 0  # enqueue order: FIFO among equal priorities
         self.worker = -1
         self.token = -1  # id of the current run on its worker

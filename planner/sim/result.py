@@ -43,12 +43,27 @@ def step_row(sim: Simulator, step: int, info: dict[str, Any]) -> None:
     )
 
 
+def weight_updates(sim: Simulator) -> dict[str, Any]:
+    """What weight updates did to the workers: the summary's `weight_updates` (docs/design.md §4)."""
+    w = sim.cfg.workers
+    out = {"sync_mode": w.sync_mode, "loads": sum(x.loads for x in sim.workers),
+           "held_loads": sum(x.update_waits for x in sim.workers)}
+    if w.sync_mode == "pinned":
+        out["resident_versions"] = w.resident
+        out["max_resident"] = max(x.max_resident for x in sim.workers)
+    return out
+
+
 def summarize(sim: Simulator, deadlock: bool, wall_s: float) -> SimResult:
     """The run's `SimResult`: summary.json (docs/design.md §8 keys, then the simulator's), the
     step rows recorded so far and the deadlock flag."""
     now, policy = sim.now, sim.policy
     params = getattr(policy, "params", None)
-    tail_figures = tail(sim.tail_log.groups(), steps_from_metrics(sim.metrics.steps))
+    workers = sim.workers
+    tail_figures = tail(sim.tail_log.groups(), steps_from_metrics(sim.metrics.steps),
+                        update_load_s=sum(w.swap_total for w in workers),
+                        update_held_s=sum(w.held_total + (now - w.held_since if w.held_since is not None else 0.0)
+                                          for w in workers))
     extras = {}
     if sim.workload.episodic:  # multi-turn: what the episodes did, and where their time went
         extras["episodes"] = sim.episodes.summary()
@@ -75,6 +90,7 @@ def summarize(sim: Simulator, deadlock: bool, wall_s: float) -> SimResult:
         workload=workload_params(sim.workload),
         seed=sim.seed,
         tail=tail_figures,
+        weight_updates=weight_updates(sim),
         **sim.tail.summary(),
         **extras,
     )

@@ -203,7 +203,7 @@ class Simulator:
             return
         src, dst, booked = move
         if booked:
-            self._apply(self.p.on_tokens(uid=g.uid, version=src.version, tokens=booked, now=self.now), "on_tokens")
+            self._apply(self.p.on_tokens(uid=g.uid, version=run.version, tokens=booked, now=self.now), "on_tokens")
         versions = g.episode.versions_list() if g.episode is not None else g.versions_list()
         self.ledger.migrate(g.uid, src.index, dst.index, versions)
         self.tail.arrive(self.now, run, src, dst)
@@ -328,7 +328,7 @@ class Simulator:
     def _kick(self, w: Worker, force: bool = False) -> None:
         """After `w` changed: load pending weights when drained, start queued groups, reschedule."""
         changed = force
-        if w.pending_version is not None and not w.active:
+        if w.pending_version is not None and w.can_load():
             self._load(w, w.pending_version)
             changed = True
         started = w.start_queued(self.now)
@@ -345,12 +345,12 @@ class Simulator:
             return
         if g.stuck:  # a hung attempt: the watchdog gives up on it stall_timeout_s from now
             self._out.append((self.now + self.stall_timeout_s, EventKind.STALL, (g.uid, w.index, g.token)))
-        self.ledger.start(g.uid, w.version)
+        self.ledger.start(g.uid, g.version)
         self.tail_log.started(g.uid, w.index, self.now, w.stalled_by(self.now), max(g.rem, default=0))
         self._changed = True
-        self._apply(self.p.on_group_started(uid=g.uid, version=w.version, now=self.now), "on_group_started")
+        self._apply(self.p.on_group_started(uid=g.uid, version=g.version, now=self.now), "on_group_started")
         if g.state == GroupState.DONE:  # nothing to generate
-            self._finished(g, w.version)
+            self._finished(g, g.version)
 
     def _finished(self, g: SimGroup, version: int) -> None:
         if g.turn_of is not None:
@@ -370,7 +370,7 @@ class Simulator:
         g, sample = run.turn_of
         g.episode.started(sample, self.now)
         if g.state == GroupState.QUEUED:
-            self._episode_started(g, w.version)
+            self._episode_started(g, run.version)
         if run.state == GroupState.DONE and g.state == GroupState.RUNNING:  # a resumed turn with nothing left
             self._turn_finished(run)
 
@@ -418,7 +418,7 @@ class Simulator:
                 g.episode.stopped(run)  # before the policy hears of it: a drop then finds it stopped
                 self._kick(w, force=True)
                 if report and booked:
-                    self._apply(self.p.on_tokens(uid=g.uid, version=w.version, tokens=booked, now=self.now),
+                    self._apply(self.p.on_tokens(uid=g.uid, version=run.version, tokens=booked, now=self.now),
                                 "on_tokens")
             else:
                 g.episode.stopped(run)
@@ -445,16 +445,18 @@ class Simulator:
         """Weights `version` go onto `w` (partial rollout books in-flight tokens to the old version)."""
         for g, old, tokens in w.apply_version(self.now, version):
             self._apply(self.p.on_tokens(uid=g.uid, version=old, tokens=tokens, now=self.now), "on_tokens")
-        self.tail_log.loaded(w.index, w.stall_until - w.t_sync, w.stall_until)
-        self._out.append((w.stall_until, EventKind.SYNC_DONE, (w.index, version, w.life)))
+        start, end = w.load_span
+        self.tail_log.loaded(w.index, start, end)
+        self._out.append((end, EventKind.SYNC_DONE, (w.index, version, w.life)))
 
     def _begin_load(self, w: Worker, version: int) -> None:
-        """`w` takes published weights `version`: now (partial) or once drained (drain)."""
+        """`w` takes published weights `version`: now (partial), or once `Worker.can_load` (drain:
+        drained; pinned: a resident slot is free — at once unless K versions are pinned)."""
         if self.partial_sync:
             self._load(w, version)
             self._kick(w, force=True)
         else:
-            w.pending_version = version
+            w.hold(self.now, version)
             self._kick(w)
 
     def _on_load(self, payload: tuple[int, int, int]) -> None:
@@ -478,7 +480,7 @@ class Simulator:
         if epoch != w.epoch or not w.alive:
             return  # superseded by a reschedule
         for g in w.complete(self.now):
-            self._finished(g, w.version)
+            self._finished(g, g.version)
         self._kick(w, force=True)
 
     def _on_sync_done(self, payload: tuple[int, int, int]) -> None:

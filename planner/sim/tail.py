@@ -15,7 +15,8 @@ completions.
   is strictly less than the source's, the target has the slots and KV to start it now, and it
   holds weights at least the group's start barrier and the source's version (so a migrated
   group's new tokens are never older than its earlier ones: its window [a(g), d(g)] holds as on
-  the source). The source books the prefix (abort); the target pays `sim.workers.migration_s`
+  the source) — under sync_mode=pinned, it holds the very version the group is pinned to, on which
+  the group continues (one version per sequence, as on the source). The source books the prefix (abort); the target pays `sim.workers.migration_s`
   plus a re-prefill of prompt + prefix (`prefill_per_token`), both as a stall of its decoding (a
   simplification: a real transfer would delay only the group), and starts the group at once,
   ahead of its queue (the policy names only groups the trainer waits for).
@@ -98,16 +99,20 @@ class SimTail:
         dst.advance(now)
         dst.stall(now, self.migration_s)
         g.worker = dst.index
-        dst._start(now, g, rem, sum(1 for r in rem if r > 0), g.prompt_tokens + sum(g.lengths))
+        dst._start(now, g, rem, sum(1 for r in rem if r > 0), g.prompt_tokens + sum(g.lengths),
+                   version=g.version if dst.pinned else None)
 
     def target(self, src: Worker, g: SimGroup) -> Worker | None:
-        """The least loaded other live worker that can start `g` now on weights at least its own,
-        if strictly less loaded with `g` than `src` is; else None (the module docstring)."""
+        """The least loaded other live worker that can start `g` now on weights at least its own
+        (pinned: that holds the version `g` is pinned to), if strictly less loaded with `g` than
+        `src` is; else None (the module docstring)."""
         n = g.remaining
         floor = max(g.min_version, src.version)
         best, best_load = None, (src.active + src.stuck) / src.speed
         for w in self.workers:
-            if w is src or not w.alive or w.pending_version is not None or w.version < floor:
+            if w is src or not w.alive or w.pending_version is not None:
+                continue
+            if (g.version not in w.resident_versions()) if w.pinned else w.version < floor:
                 continue
             held = w.active + w.stuck
             if held + n > w.max_seqs or w.kv_used + g.prompt_tokens + sum(g.lengths) > w.kv_cap:

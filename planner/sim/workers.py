@@ -19,8 +19,17 @@ recomputes the next completion.
 Compilation (`sim.workers.compile_s`, before the first decode step), prefill and weight loads
 *stall* the worker (`stall_until`): its counter does not advance, as on a vLLM engine that runs a
 prefill batch or loads weights between decode steps. Token versions are
-tracked in *segments*: when the worker's version changes, every running group's tokens since the
-last change are booked to the old version (`close_segments`: partial rollout).
+tracked in *segments*: each running group samples on `SimGroup.version`, set at its start to the
+worker's newest version; under partial rollout a load books every running group's tokens since the
+last change to the old version and moves it to the new one; under drain nothing runs at a load.
+
+Version-pinned generation (`sync_mode=pinned`, LoRA adapters: planner/types.py SYNC_MODES): a load
+costs no swap time and moves no running group — each finishes on the version it started on, so all
+its tokens carry that version, and new starts take the newest. The worker holds its newest version
+and the versions its runs are pinned to, at most K = `resident_versions`: a load that would need a
+(K+1)-th waits, holding new starts as drain does, until a pinned version frees (`can_load`). With
+K = 1 that is drain at zero swap cost. Both wait kinds — drain's and pinned's — add to `held_total`
+(seconds new starts were held for an update) and `update_waits` (loads that waited).
 
 A hung attempt (`SimGroup.hangs`, the stall fault model) starts like any other — prefill, slots,
 KV — but none of its sequences ever advances: it holds `stuck` slots and its KV until the
@@ -62,6 +71,8 @@ class Worker:
         "counter", "t_last", "stall_until", "active", "seqs", "runs", "queue", "kv_used",
         "version", "synced_version", "pending_version", "alive", "life", "epoch", "busy_since", "busy_total",
         "stuck", "slow", "stall_total", "_next_token",
+        "pinned", "resident", "held_since", "held_total", "update_waits", "loads", "swap_total", "load_span",
+        "max_resident",
         "spec_when", "spec_rate", "spec_alpha", "spec_k", "spec_budget", "scounter", "sseqs", "spec_active",
     )
 
@@ -86,7 +97,16 @@ class Worker:
         self.kv_used = 0
         self.version = 0  # weights that tag newly generated tokens
         self.synced_version = 0  # weights fully loaded (sync finished)
-        self.pending_version: int | None = None  # drain mode: load once in-flight work ends
+        self.pending_version: int | None = None  # drain / pinned: load once `can_load`
+        self.pinned = cfg.sync_mode == "pinned"
+        self.resident = cfg.resident  # K: versions held at once (pinned)
+        self.held_since: float | None = None  # a pending update holds new starts since then
+        self.held_total = 0.0  # seconds new starts were held for a pending update
+        self.update_waits = 0  # loads that waited (drain: for in-flight work; pinned: for a resident slot)
+        self.loads = 0  # weight updates applied
+        self.swap_total = 0.0  # seconds spent swapping weights in (t_sync per load; 0 under pinned)
+        self.load_span = (0.0, 0.0)  # (start, end) of the last load: when the new version is usable
+        self.max_resident = 1  # most versions held at once
         self.alive = True
         self.life = 0  # bumps when the worker dies: its pending weight loads are void
         self.epoch = 0  # bumps on every reschedule; older completion events are stale
@@ -215,8 +235,13 @@ class Worker:
             started.append(group)
         return started
 
-    def _start(self, now: float, group: SimGroup, rem: list[int], n: int, kv: int) -> None:
+    def _start(self, now: float, group: SimGroup, rem: list[int], n: int, kv: int, version: int | None = None) -> None:
+        """Start `group` on this worker, sampling on the newest version (or `version`: a pinned
+        group migrated here keeps its own)."""
         first_run = group.token == -1
+        assert version is None or version in self.resident_versions(), \
+            f"worker {self.index} holds versions {sorted(self.resident_versions())}: cannot run group {group.uid} on {version}"
+        group.version = self.version if version is None else version
         token = self._next_token
         self._next_token += 1
         prefix = sum(group.done_tok)
@@ -234,7 +259,7 @@ class Worker:
                 if not group.hangs:
                     heappush(heap, (counter + r, token))
             elif first_run:
-                group.last_versions.append(self.version)  # an empty response: done at once
+                group.last_versions.append(group.version)  # an empty response: done at once
         if n == 0:  # nothing to generate (empty responses): done at start
             group.state = GroupState.DONE
             return
@@ -250,6 +275,8 @@ class Worker:
         group.kv = kv
         self.kv_used += kv
         self.runs[token] = group
+        if self.pinned:
+            self.max_resident = max(self.max_resident, len(self.resident_versions()))
         if fast:
             self.spec_active += n
         self._set_active(now, self.active + n)
@@ -316,7 +343,6 @@ class Worker:
         """Pop the sequences of `seqs` done by `limit`, appending the groups whose last trajectory
         ended; returns `active` less the popped sequences."""
         runs = self.runs
-        version = self.version
         while seqs and seqs[0][0] <= limit:
             _, token = heappop(seqs)
             group = runs.get(token)
@@ -325,7 +351,7 @@ class Worker:
             active -= 1
             if fast:
                 self.spec_active -= 1
-            group.last_versions.append(version)
+            group.last_versions.append(group.version)
             group.remaining -= 1
             if group.remaining == 0:
                 del runs[token]
@@ -336,26 +362,62 @@ class Worker:
         return active
 
     def _book(self, group: SimGroup, run_tokens: int) -> int:
-        """Book the run's tokens since the segment start to the current version; returns them."""
+        """Book the run's tokens since the segment start to the version it samples on; returns them."""
         tokens = run_tokens - group.run_tokens(group.seg_base)
         if tokens:
-            group.versions[self.version] = group.versions.get(self.version, 0) + tokens
+            group.versions[group.version] = group.versions.get(group.version, 0) + tokens
         group.seg_base = self.scounter if group.fast else self.counter
         return tokens
 
+    def resident_versions(self) -> set[int]:
+        """The versions this worker holds: its newest and every one a run samples on."""
+        return {self.version, *(g.version for g in self.runs.values())}
+
+    def can_load(self) -> bool:
+        """A pending update may load now: drain, once no sequence decodes; pinned, while the
+        versions runs are pinned to leave one of the K resident slots for the new one."""
+        if self.pinned:
+            return len({g.version for g in self.runs.values()}) < self.resident
+        return not self.active
+
+    def hold(self, now: float, version: int) -> None:
+        """Update `version` waits for `can_load`; new starts are held meanwhile (drain / pinned)."""
+        self.pending_version = version
+        if self.held_since is None:
+            self.held_since = now
+
+    def _release(self, now: float) -> None:
+        """The held update loaded, or the worker died: the seconds starts were held are counted."""
+        if self.held_since is not None:
+            if now > self.held_since:
+                self.held_total += now - self.held_since
+                self.update_waits += 1
+            self.held_since = None
+
     def apply_version(self, now: float, version: int) -> list[tuple[SimGroup, int, int]]:
-        """Load weights `version`: book in-flight tokens to the old version, then stall t_sync.
-        Returns (group, old version, tokens) for every running group that generated tokens."""
+        """Load weights `version`. Partial: book in-flight tokens to the old version, move the
+        runs to the new one and stall t_sync; drain: nothing runs, stall t_sync; pinned: runs keep
+        their versions, no stall. Returns (group, old version, tokens) for every running group
+        that generated tokens."""
         self.advance(now)
+        self._release(now)
         booked = []
-        old = self.version
-        for group in self.runs.values():
-            tokens = self._book(group, group.run_tokens(self.scounter if group.fast else self.counter))
-            if tokens:
-                booked.append((group, old, tokens))
+        if not self.pinned:
+            for group in self.runs.values():
+                tokens = self._book(group, group.run_tokens(self.scounter if group.fast else self.counter))
+                if tokens:
+                    booked.append((group, group.version, tokens))
+                group.version = version
         self.version = version
         self.pending_version = None
-        self.stall(now, self.t_sync)
+        self.loads += 1
+        if self.pinned:
+            self.load_span = (now, now)
+            self.max_resident = max(self.max_resident, len(self.resident_versions()))
+        else:
+            self.stall(now, self.t_sync)
+            self.swap_total += self.t_sync
+            self.load_span = (self.stall_until - self.t_sync, self.stall_until)
         return booked
 
     def abort(self, now: float, group: SimGroup) -> int:
@@ -380,13 +442,14 @@ class Worker:
         """The worker dies: returns ((group, version, tokens booked) of running groups, queued groups)."""
         running = []
         for group in sorted(self.runs.values(), key=lambda g: g.token):
-            running.append((group, self.version, self.abort(now, group)))
+            running.append((group, group.version, self.abort(now, group)))
         queued = [g for _, _, g in sorted(self.queue) if g.state == GroupState.QUEUED and g.worker == self.index]
         self.queue.clear()
         self.seqs.clear()
         self.alive = False
         self.life += 1
         self.pending_version = None
+        self._release(now)
         self.epoch += 1
         return running, queued
 

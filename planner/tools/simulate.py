@@ -235,9 +235,11 @@ def _app(cfg: Any) -> None:
         fail(e)
     if cfg.calibration is not None and (warning := calibration_mismatch(cfg.calibration, config)):
         print(f"warning: {warning}", file=sys.stderr)
+    warnings = config.sim.workers.idle_keys()
     if WORKLOADS[config.workload["name"]].episodic:
-        for warning in idle_keys(config.sim):
-            print(f"warning: {warning}", file=sys.stderr)
+        warnings += idle_keys(config.sim)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     out_dir = HydraConfig.get().runtime.output_dir
     result = run_simulation(config, out_dir)
     print(one_line(result.summary))

@@ -43,6 +43,8 @@ LINES = (
     ("wait_share_last_group", "share of the wait caused by the critical group alone", "%"),
     ("critical_length_rank", "critical group's decode steps as a quantile of its batch's (1 = longest)", "q"),
     ("critical_is_longest", "steps whose critical group needed the most decode steps of its batch", "%"),
+    ("update_load_s", "workers swapped in new weights (sum over workers)", "s"),
+    ("update_held_s", "workers held new starts for a pending weight update (sum over workers)", "s"),
 )
 
 

@@ -94,6 +94,8 @@ def test_a_real_runs_files_give_the_critical_group_its_step_cost_and_its_weight_
     assert crit["other_s"] == pytest.approx(3.5 - 2.5 - 0.5)
     assert t["wait_share_last_group"] == pytest.approx((4.0 - 1.2) / 4.0)
     assert t["decode_s_per_token"]["critical"]["p50"] == pytest.approx(0.025)
+    # the run's weight updates: its load lines' seconds; the trace does not record held starts
+    assert t["update_load_s"] == pytest.approx(0.5) and t["update_held_s"] is None
 
 
 # ---------------------------------------------------------------- multi-turn episodes

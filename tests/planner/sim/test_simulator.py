@@ -43,7 +43,7 @@ def test_a_run_is_a_function_of_its_seed(tmp_path):
 
 @pytest.mark.parametrize("name", ["lookahead", "nemo_in_order", "verl_drop", "prime_rl", "dressage", "areal",
                                   "torchtitan_windowed_fifo", "tinker_paced"])
-@pytest.mark.parametrize("sync_mode", ["partial", "drain"])
+@pytest.mark.parametrize("sync_mode", ["partial", "drain", "pinned"])
 def test_every_admitted_group_is_trained_or_dropped_exactly_once(tmp_path, name, sync_mode):
     ctx = PlanContext(8, 4, 1, 15)
     cfg = SimConfig(workers=WorkerConfig(num_workers=3, sync_mode=sync_mode, max_concurrency=16),

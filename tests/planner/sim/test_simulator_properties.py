@@ -54,7 +54,7 @@ def workloads(draw):
 
 @st.composite
 def clusters(draw, group_size: int):
-    """Workers (uneven speeds, slot limits down to one group, drain/partial sync), trainer, faults."""
+    """Workers (uneven speeds, slot limits down to one group, drain/partial/pinned sync), trainer, faults."""
     num_workers = draw(st.integers(1, 4))
     workers = {
         "num_workers": num_workers,
@@ -64,8 +64,10 @@ def clusters(draw, group_size: int):
         "decode_alpha": draw(st.sampled_from((0.01, 0.1, 1.0))),
         "prefill_per_token": draw(st.sampled_from((0.0, 0.01))),
         "t_sync": draw(st.sampled_from((0.0, 0.5, 5.0, 30.0))),
-        "sync_mode": draw(st.sampled_from(("drain", "partial"))),
+        "sync_mode": draw(st.sampled_from(("drain", "partial", "pinned"))),
     }
+    if workers["sync_mode"] == "pinned":
+        workers["resident_versions"] = draw(st.sampled_from((None, 1, 2)))  # 1: every update waits for a free slot
     restart_after = draw(st.sampled_from((None, 0.0, 3.0, 40.0)))
     # Without restarts at least one worker must survive (else no policy can finish: honest limit).
     can_fail = num_workers if restart_after is not None else num_workers - 1

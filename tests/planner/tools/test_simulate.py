@@ -107,6 +107,8 @@ def base_config(**over):
         ({"policy": {"name": "lookahead", "migrate": "no"}}, "policy.migrate='no': must be true or false"),
         ({"policy": {"name": "nemo_in_order", "nope": 1}}, "policy.nope: unknown parameter"),
         ({"sim": {"workers": {"sync_mode": "later"}}}, "sim.workers.sync_mode='later'"),
+        ({"sim": {"workers": {"sync_mode": "pinned", "resident_versions": 0}}},
+         "sim.workers.resident_versions=0: must be an int >= 1"),
         ({"sim": {"admission_window": 0}}, "sim.admission_window=0: must be an int >= 1, or null for the default"),
         ({"workload": {"name": "lognormal", "mu": 6, "extra": 1}}, "workload.extra: unknown key"),
     ],
@@ -200,3 +202,15 @@ def test_simulate_runs_multi_turn_episodes_and_warns_of_a_stall_key_that_cannot_
     quiet = cli("planner.simulate", "workload=multi_turn", "batch_groups=4", "group_size=4", "steps=2",
                 f"hydra.run.dir={tmp_path / 'quiet'}")
     assert quiet.returncode == 0 and "warning" not in quiet.stderr
+
+
+def test_simulate_warns_of_resident_versions_without_pinned_and_runs_pinned_quietly(tmp_path):
+    loud = cli("planner.simulate", "steps=3", "sim.workers.resident_versions=2", f"hydra.run.dir={tmp_path / 'loud'}")
+    assert loud.returncode == 0, loud.stderr
+    assert loud.stderr.count("warning: ") == 1 and "sim.workers.resident_versions=2: has no effect with " \
+        "sim.workers.sync_mode=partial" in loud.stderr
+    quiet = cli("planner.simulate", "steps=3", "sim.workers.sync_mode=pinned", "sim.workers.resident_versions=2",
+                f"hydra.run.dir={tmp_path / 'quiet'}")
+    assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr
+    updates = json.loads((tmp_path / "quiet" / "summary.json").read_text())["weight_updates"]
+    assert updates["sync_mode"] == "pinned" and updates["resident_versions"] == 2 and updates["loads"] > 0
