@@ -11,6 +11,7 @@ needs of a backend or of a cluster mode is what their registries state (engines/
 from __future__ import annotations
 
 import importlib.util
+import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from planner.registry import given_params, make_policy
 from planner.types import PlanContext
 
 GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,9 @@ class TrainSetup:
 
     @property
     def engine_facts(self) -> EngineFacts:
-        return self.engine_entry.facts(self.engine)
+        """The backend's facts for this run (sync mode "pinned" with LoRA and several resident
+        adapter versions: `EngineFacts.with_lora`)."""
+        return self.engine_entry.facts(self.engine).with_lora(self.trainer.lora.enabled)
 
     @property
     def engine_in_process(self) -> bool:
@@ -117,7 +121,21 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         where_to = f"engine={engine.name}" if facts.places_itself else f"cluster={cluster.name}"
         raise ValueError(f"trainer.lora.rank={trainer.lora.rank}: LoRA with {where_to} is not built yet "
                          "(only engine=jax in-process takes adapters); set trainer.lora.rank=0")
+    _warn_adapter_versions(facts.adapter_versions, trainer.lora.enabled, run.max_staleness)
     return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer, cluster)
+
+
+def _warn_adapter_versions(k: int, lora: bool, max_staleness: int) -> None:
+    """engine.adapter_versions: one line when it cannot act (no LoRA: every push is full weights)
+    or when pushes may wait (a group admitted max_staleness versions ago can still be sampling,
+    so K < max_staleness + 1 versions may all be pinned when the next one arrives)."""
+    if k > 1 and not lora:
+        log.warning("engine.adapter_versions=%d cannot act without LoRA (trainer.lora.rank=0): every push is "
+                    "full weights, taken as engine.sync_mode says", k)
+    elif k > 1 and k < max_staleness + 1:
+        log.warning("engine.adapter_versions=%d < max_staleness+1=%d: a push may find every resident version "
+                    "pinned and wait for a slot to free (summary.json adapter_versions.pushes_waited)",
+                    k, max_staleness + 1)
 
 
 def _require_package(module: str, what: str, fix: str) -> None:
