@@ -121,21 +121,27 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         where_to = f"engine={engine.name}" if facts.places_itself else f"cluster={cluster.name}"
         raise ValueError(f"trainer.lora.rank={trainer.lora.rank}: LoRA with {where_to} is not built yet "
                          "(only engine=jax in-process takes adapters); set trainer.lora.rank=0")
-    _warn_adapter_versions(facts.adapter_versions, trainer.lora.enabled, run.max_staleness)
+    _warn_adapter_versions(facts.adapter_versions, trainer.lora.enabled, run.max_staleness,
+                           getattr(policy_object.params, "migrate", False))
     return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer, cluster)
 
 
-def _warn_adapter_versions(k: int, lora: bool, max_staleness: int) -> None:
-    """engine.adapter_versions: one line when it cannot act (no LoRA: every push is full weights)
-    or when pushes may wait (a group admitted max_staleness versions ago can still be sampling,
-    so K < max_staleness + 1 versions may all be pinned when the next one arrives)."""
+def _warn_adapter_versions(k: int, lora: bool, max_staleness: int, migrate: bool) -> None:
+    """engine.adapter_versions: one line when it cannot act (no LoRA: every push is full weights),
+    when pushes may wait (a group admitted max_staleness versions ago can still be sampling, so
+    K < max_staleness + 1 versions may all be pinned when the next one arrives), and when it
+    turns policy.migrate off (a pinned request stays where its version is resident)."""
     if k > 1 and not lora:
         log.warning("engine.adapter_versions=%d cannot act without LoRA (trainer.lora.rank=0): every push is "
                     "full weights, taken as engine.sync_mode says", k)
-    elif k > 1 and k < max_staleness + 1:
+        return
+    if k > 1 and k < max_staleness + 1:
         log.warning("engine.adapter_versions=%d < max_staleness+1=%d: a push may find every resident version "
                     "pinned and wait for a slot to free (summary.json adapter_versions.pushes_waited)",
                     k, max_staleness + 1)
+    if k > 1 and migrate:
+        log.warning("policy.migrate=true cannot act with engine.adapter_versions=%d: a pinned request finishes on "
+                    "its replica (another need not hold its version)", k)
 
 
 def _require_package(module: str, what: str, fix: str) -> None:

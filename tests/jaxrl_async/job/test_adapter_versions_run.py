@@ -62,3 +62,11 @@ def test_zero_versions_is_a_one_line_error_naming_the_key():
     with pytest.raises(ValueError, match=r"^engine.adapter_versions=0: must be an int >= 1") as info:
         typed_config(compose_train([*QUIET, *SMALL, "engine.adapter_versions=0"]))
     assert "\n" not in str(info.value)
+
+
+def test_migration_with_pinned_versions_warns_that_it_cannot_act(caplog):
+    with caplog.at_level(logging.WARNING, logger="jaxrl_async.job.setup"):
+        typed_config(compose_train([*QUIET, *SMALL, "trainer.lora.rank=4", "engine.adapter_versions=3",
+                                    "max_staleness=2", "policy.migrate=true"]))
+    lines = [r.getMessage() for r in caplog.records if "adapter_versions" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("policy.migrate=true cannot act with engine.adapter_versions=3")

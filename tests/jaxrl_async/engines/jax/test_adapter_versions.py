@@ -142,9 +142,18 @@ def test_full_weights_with_several_versions_go_on_as_partial(model):
     assert core.adapter_versions["pushes_pinned"] == 0
 
 
-def test_pinned_requests_do_not_migrate(model):
+def test_pinned_requests_do_not_migrate_and_finish_where_they_run(model):
+    """Another replica need not hold a pinned version: a detach moves nothing (docs/lora.md)."""
     assert make_core(model).migratable
-    assert not make_core(model, adapter_versions=2).migratable
+    core = make_core(model, adapter_versions=2)
+    assert not core.migratable
+    core.update_weights(trained_adapter(model, 1), version=1)
+    core.submit(request("a", [1, 2], new=5))
+    pieces: dict = {}
+    step_collect(core, pieces, steps=2)
+    assert core.detach("a") == (None, [])
+    step_collect(core, pieces)
+    assert versions_of(pieces) == {("a", 0): [[1, 5]]}
 
 
 @pytest.mark.parametrize("overrides, message", [
