@@ -5,7 +5,9 @@
 1. weights: in "drain" sync mode, a pending weight update is applied once no slot is active
    (admission pauses while it waits); in "partial" mode `update_weights` swaps at once, between
    two decode steps, and in-flight samples continue on the new weights (their earlier keys and
-   values stay as the old weights computed them, as in AReaL's partial rollout);
+   values stay as the old weights computed them, as in AReaL's partial rollout); with pinned
+   adapter versions (LoRA, `adapter_versions` > 1) a pushed adapter that found every resident
+   version pinned is installed once one frees (admission goes on meanwhile);
 2. admission: migrated samples first (migration.py), then requests leave the priority queue while
    their `n` samples fit in free slots; each prompt is prefilled once (all but its last token)
    into its first slot, several prompts packed into one row (`prefill`, packing.py), and the
@@ -257,7 +259,9 @@ class EngineCore:
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap weights now ("partial") or once in-flight samples finish ("drain"); `params`: an
-        nnx.State (or pure dict) of the model's `nnx.Param`s. A newer update replaces a pending one."""
+        nnx.State (or pure dict) of the model's `nnx.Param`s. A newer update replaces a pending one.
+        With adapter_versions > 1 an adapter becomes one more resident version now, or once a
+        version frees (module docstring)."""
         self.install_weights(self.check_params(params), version)
 
     def install_weights(self, weights: dict, version: int) -> None:
