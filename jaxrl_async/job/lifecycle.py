@@ -62,6 +62,8 @@ class TrainJob:
         initialize_distributed(setup.cluster.distributed)
         check_start(setup, devices=True)
         self.leader = jax.process_index() == 0
+        for line in setup.start_warnings() if self.leader else ():
+            log.warning("%s", line)
         # Process 0 owns the directory from here to the run's end: a second run on it stops here.
         self._lock = RunDirLock(self.run_dir) if self.leader else None
         if self._lock is not None:

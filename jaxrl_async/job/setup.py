@@ -11,7 +11,6 @@ needs of a backend or of a cluster mode is what their registries state (engines/
 from __future__ import annotations
 
 import importlib.util
-import logging
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from planner.registry import given_params, make_policy
 from planner.types import PlanContext
 
 GROUPS = ("model", "task", "policy", "engine", "trainer", "cluster")
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -59,6 +57,29 @@ class TrainSetup:
         """The backend's facts for this run (sync mode "pinned" with LoRA and several resident
         adapter versions: `EngineFacts.with_lora`)."""
         return self.engine_entry.facts(self.engine).with_lora(self.trainer.lora.enabled)
+
+    def start_warnings(self) -> list[str]:
+        """One line for each key that cannot act as asked (TrainJob logs them once, at start-up).
+
+        engine.adapter_versions: it cannot act without LoRA (every push is full weights); pushes
+        may wait when K < max_staleness + 1 (a group admitted max_staleness versions ago can still
+        be sampling, so all K versions may be pinned when the next one arrives); policy.migrate
+        cannot act with it (a pinned request stays where its version is resident)."""
+        k, lora = self.engine_facts.adapter_versions, self.trainer.lora.enabled
+        if k == 1:
+            return []
+        if not lora:
+            return [f"engine.adapter_versions={k} cannot act without LoRA (trainer.lora.rank=0): every push is "
+                    "full weights, taken as engine.sync_mode says"]
+        out = []
+        eta = self.run.max_staleness
+        if k < eta + 1:
+            out.append(f"engine.adapter_versions={k} < max_staleness+1={eta + 1}: a push may find every resident "
+                       "version pinned and wait for a slot to free (summary.json adapter_versions.pushes_waited)")
+        if self.policy_overrides.get("migrate"):
+            out.append(f"policy.migrate=true cannot act with engine.adapter_versions={k}: a pinned request "
+                       "finishes on its replica (another need not hold its version)")
+        return out
 
     @property
     def engine_in_process(self) -> bool:
@@ -121,27 +142,7 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
         where_to = f"engine={engine.name}" if facts.places_itself else f"cluster={cluster.name}"
         raise ValueError(f"trainer.lora.rank={trainer.lora.rank}: LoRA with {where_to} is not built yet "
                          "(only engine=jax in-process takes adapters); set trainer.lora.rank=0")
-    _warn_adapter_versions(facts.adapter_versions, trainer.lora.enabled, run.max_staleness,
-                           getattr(policy_object.params, "migrate", False))
     return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer, cluster)
-
-
-def _warn_adapter_versions(k: int, lora: bool, max_staleness: int, migrate: bool) -> None:
-    """engine.adapter_versions: one line when it cannot act (no LoRA: every push is full weights),
-    when pushes may wait (a group admitted max_staleness versions ago can still be sampling, so
-    K < max_staleness + 1 versions may all be pinned when the next one arrives), and when it
-    turns policy.migrate off (a pinned request stays where its version is resident)."""
-    if k > 1 and not lora:
-        log.warning("engine.adapter_versions=%d cannot act without LoRA (trainer.lora.rank=0): every push is "
-                    "full weights, taken as engine.sync_mode says", k)
-        return
-    if k > 1 and k < max_staleness + 1:
-        log.warning("engine.adapter_versions=%d < max_staleness+1=%d: a push may find every resident version "
-                    "pinned and wait for a slot to free (summary.json adapter_versions.pushes_waited)",
-                    k, max_staleness + 1)
-    if k > 1 and migrate:
-        log.warning("policy.migrate=true cannot act with engine.adapter_versions=%d: a pinned request finishes on "
-                    "its replica (another need not hold its version)", k)
 
 
 def _require_package(module: str, what: str, fix: str) -> None:

@@ -11,9 +11,13 @@ from tests.helpers.train_runs import QUIET, compose_train, make_job, read_jsonl,
 SMALL = ["steps=5", "batch_groups=2", "group_size=4", "max_new_tokens=6"]
 
 
-def test_a_pinned_lora_run_passes_the_audit_and_no_group_mixes_versions(tmp_path):
+def test_a_pinned_lora_run_passes_the_audit_and_no_group_mixes_versions(tmp_path, caplog):
     run_dir = tmp_path / "run"
-    job = make_job(run_dir, [*SMALL, "trainer.lora.rank=4", "engine.adapter_versions=3", "max_staleness=2"])
+    with caplog.at_level(logging.WARNING, logger="jaxrl_async.job.lifecycle"):
+        job = make_job(run_dir, [*SMALL, "trainer.lora.rank=4", "engine.adapter_versions=2", "max_staleness=2"])
+    # Logged once, by the job (typed_config runs twice on the command line).
+    assert [r.getMessage()[:41] for r in caplog.records if "adapter_versions" in r.getMessage()] == [
+        "engine.adapter_versions=2 < max_staleness"]
     summary = run_within(job, 600)
     assert summary["completed"] and summary["audit_ok"], summary.get("audit_verdict")
     report = audit(run_dir, 2)
@@ -24,7 +28,7 @@ def test_a_pinned_lora_run_passes_the_audit_and_no_group_mixes_versions(tmp_path
     run_line = next(line for line in read_jsonl(run_dir / "trace.jsonl") if line["event"] == "run")
     assert run_line["sync_mode"] == "pinned"
     counts = summary["adapter_versions"]
-    assert counts["versions"] == 3 and len(counts["resident"]) == 3
+    assert counts["versions"] == 2 and len(counts["resident"]) == 2
     assert counts["pushes_pinned"] >= 4 and counts["pushes_waited"] >= 0
 
 
@@ -35,25 +39,20 @@ def test_the_default_run_is_partial_and_counts_no_adapters(tmp_path):
     assert setup.engine_facts.sync_mode == "pinned"
 
 
-def test_several_versions_without_lora_warn_that_they_cannot_act(caplog):
-    with caplog.at_level(logging.WARNING, logger="jaxrl_async.job.setup"):
-        setup = typed_config(compose_train([*QUIET, *SMALL, "engine.adapter_versions=3"]))
-    lines = [r.getMessage() for r in caplog.records if "adapter_versions" in r.getMessage()]
+def warnings_of(overrides: list[str]) -> list[str]:
+    return typed_config(compose_train([*QUIET, *SMALL, *overrides])).start_warnings()
+
+
+def test_several_versions_without_lora_warn_that_they_cannot_act():
+    lines = warnings_of(["engine.adapter_versions=3"])
     assert len(lines) == 1 and lines[0].startswith("engine.adapter_versions=3 cannot act without LoRA")
-    assert setup.engine_facts.sync_mode == "partial"
+    assert warnings_of([]) == [] and warnings_of(["trainer.lora.rank=4"]) == []
 
 
-def test_fewer_versions_than_the_staleness_window_warn_that_pushes_may_wait(caplog):
-    with caplog.at_level(logging.WARNING, logger="jaxrl_async.job.setup"):
-        typed_config(compose_train([*QUIET, *SMALL, "trainer.lora.rank=4", "engine.adapter_versions=2",
-                                    "max_staleness=2"]))
-    lines = [r.getMessage() for r in caplog.records if "adapter_versions" in r.getMessage()]
+def test_fewer_versions_than_the_staleness_window_warn_that_pushes_may_wait():
+    lines = warnings_of(["trainer.lora.rank=4", "engine.adapter_versions=2", "max_staleness=2"])
     assert len(lines) == 1 and lines[0].startswith("engine.adapter_versions=2 < max_staleness+1=3")
-    caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="jaxrl_async.job.setup"):
-        typed_config(compose_train([*QUIET, *SMALL, "trainer.lora.rank=4", "engine.adapter_versions=3",
-                                    "max_staleness=2"]))
-    assert not [r for r in caplog.records if "adapter_versions" in r.getMessage()]
+    assert warnings_of(["trainer.lora.rank=4", "engine.adapter_versions=3", "max_staleness=2"]) == []
 
 
 def test_zero_versions_is_a_one_line_error_naming_the_key():
@@ -64,9 +63,6 @@ def test_zero_versions_is_a_one_line_error_naming_the_key():
     assert "\n" not in str(info.value)
 
 
-def test_migration_with_pinned_versions_warns_that_it_cannot_act(caplog):
-    with caplog.at_level(logging.WARNING, logger="jaxrl_async.job.setup"):
-        typed_config(compose_train([*QUIET, *SMALL, "trainer.lora.rank=4", "engine.adapter_versions=3",
-                                    "max_staleness=2", "policy.migrate=true"]))
-    lines = [r.getMessage() for r in caplog.records if "adapter_versions" in r.getMessage()]
+def test_migration_with_pinned_versions_warns_that_it_cannot_act():
+    lines = warnings_of(["trainer.lora.rank=4", "engine.adapter_versions=3", "max_staleness=2", "policy.migrate=true"])
     assert len(lines) == 1 and lines[0].startswith("policy.migrate=true cannot act with engine.adapter_versions=3")
