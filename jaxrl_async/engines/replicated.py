@@ -188,6 +188,7 @@ def adapter_totals(parts: list[dict | None]) -> dict:
     parts = [p for p in parts if p]
     if not parts:
         return {}
-    return {"adapters": {"versions": parts[0]["versions"], "resident": sorted({v for p in parts for v in p["resident"]}),
+    resident = sorted({v for p in parts for v in p["resident"]})
+    return {"adapters": {"versions": parts[0]["versions"], "resident": resident,
                          "pushes_pinned": sum(p["pushes_pinned"] for p in parts),
                          "pushes_waited": sum(p["pushes_waited"] for p in parts)}}

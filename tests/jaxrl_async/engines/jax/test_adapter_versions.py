@@ -161,7 +161,8 @@ def test_pinned_requests_do_not_migrate_and_finish_where_they_run(model):
     ({"adapter_versions": -2}, r"^engine.adapter_versions=-2: must be an int >= 1"),
     ({"adapter_versions": 2, "sync_mode": "drain"}, r"^engine.adapter_versions=2: > 1 .* needs engine.sync_mode"),
     ({"adapter_versions": 2, "page_size": 16}, r"^engine.adapter_versions=2: > 1 .* needs engine.page_size=0"),
-    ({"adapter_versions": 2, "speculation": {"when": "always"}}, r"^engine.adapter_versions=2: > 1 .* needs engine.speculation.when=never"),
+    ({"adapter_versions": 2, "speculation": {"when": "always"}},
+     r"^engine.adapter_versions=2: > 1 .* needs engine.speculation.when=never"),
 ])
 def test_bad_adapter_versions_are_one_line_errors_naming_the_key(overrides, message):
     from jaxrl_async.engines.speculation import SpeculationConfig
