@@ -20,6 +20,7 @@ To add a backend: its `GenerationEngine` (`engines/<name>/engine.py`) and config
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,15 @@ class EngineFacts:
     colocate: bool  # the replicas share the trainer's devices (time-shared)
     places_itself: bool  # takes the model as loaded and places itself: no mesh from the run
     speculation: SpeculationConfig | None = None  # its `engine.speculation.*` (None: it cannot speculate)
+    adapter_versions: int = 1  # LoRA adapter versions it keeps resident (> 1: "pinned" with LoRA)
+
+    def with_lora(self, lora: bool) -> EngineFacts:
+        """The facts of a run that trains LoRA (`lora`) or not: a backend keeping several adapter
+        versions resident generates "pinned" with LoRA (a push adds a version, nothing drains);
+        without LoRA every push is full weights and its configured sync mode stands."""
+        if lora and self.adapter_versions > 1:
+            return dataclasses.replace(self, sync_mode="pinned")
+        return self
 
 
 @dataclass(frozen=True)
@@ -104,7 +114,7 @@ def build_engine(name: str, config: Any, loaded_model: Any, *, mesh: Any = None)
 def _jax_facts(config: EngineConfig) -> EngineFacts:
     return EngineFacts("num_slots", config.num_slots, config.kv_tokens, config.replicas,
                        config.tensor_parallel, config.sync_mode, config.colocate, places_itself=False,
-                       speculation=config.speculation)
+                       speculation=config.speculation, adapter_versions=config.adapter_versions)
 
 
 def _jax_check_model(config: EngineConfig, model: Any) -> None:

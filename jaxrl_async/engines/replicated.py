@@ -143,7 +143,8 @@ class ReplicatedEngine(GenerationEngine):
             queued=sum(p.queued for p in parts),
             busy_fraction=sum(p.busy_fraction for p in parts) / len(parts),
             version=min(p.version for p in parts),
-            extra={"replicas": len(parts), "per_replica_active": [p.active_slots for p in parts]})
+            extra={"replicas": len(parts), "per_replica_active": [p.active_slots for p in parts],
+                   **adapter_totals([p.extra.get("adapters") for p in parts])})
 
     def timings(self) -> list[EngineTiming]:
         """Every replica's timings, each tagged with its replica index, oldest first."""
@@ -179,3 +180,15 @@ class ReplicatedEngine(GenerationEngine):
         if not self._samples_left[request_id]:
             del self._owner[request_id], self._samples_left[request_id]
             self._critical.discard(request_id)
+
+
+def adapter_totals(parts: list[dict | None]) -> dict:
+    """{"adapters": ...} over replicas that keep several adapter versions (engine.adapter_versions
+    > 1): the versions any replica holds, the pushes summed; {} when none does."""
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    resident = sorted({v for p in parts for v in p["resident"]})
+    return {"adapters": {"versions": parts[0]["versions"], "resident": resident,
+                         "pushes_pinned": sum(p["pushes_pinned"] for p in parts),
+                         "pushes_waited": sum(p["pushes_waited"] for p in parts)}}

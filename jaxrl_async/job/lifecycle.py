@@ -62,6 +62,8 @@ class TrainJob:
         initialize_distributed(setup.cluster.distributed)
         check_start(setup, devices=True)
         self.leader = jax.process_index() == 0
+        for line in setup.start_warnings() if self.leader else ():
+            log.warning("%s", line)
         # Process 0 owns the directory from here to the run's end: a second run on it stops here.
         self._lock = RunDirLock(self.run_dir) if self.leader else None
         if self._lock is not None:
@@ -69,6 +71,7 @@ class TrainJob:
         self._stopping = False
         self.signalled: int | None = None  # the first SIGTERM / SIGINT the run received
         self._loop_over = False  # the controller has returned: a first signal only lets the end finish
+        self._adapter_versions: dict[str, Any] | None = None  # the engine's, at the run's end
         try:
             self.resumed = start_resuming(self.run_dir, setup.run.resume, leader=self.leader)
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +132,10 @@ class TrainJob:
             except (RuntimeError, ValueError):  # not the main thread: the caller handles signals
                 pass
         try:
-            return await self.controller.run()
+            result = await self.controller.run()
+            # engine.adapter_versions > 1: the resident versions and what the pushes did.
+            self._adapter_versions = (await self.controller.engine.stats()).extra.get("adapters")
+            return result
         finally:
             self._loop_over = True
             for sig in installed:
@@ -185,6 +191,8 @@ class TrainJob:
             extra["eval"] = controller.last_eval
         if self.setup.trainer.lora.enabled:
             extra["lora"] = lora_summary(self.setup, parts.loaded, parts.trainer)
+        if self._adapter_versions is not None:
+            extra["adapter_versions"] = self._adapter_versions
         if result.completed and self.setup.run.export_hf:
             extra["hf_dir"] = str(export_hf(parts.loaded, parts.trainer, self.run_dir, self.setup))
         return write_summary(self.setup, result, bound=controller.policy.staleness_bound(), run_dir=self.run_dir,

@@ -54,7 +54,32 @@ class TrainSetup:
 
     @property
     def engine_facts(self) -> EngineFacts:
-        return self.engine_entry.facts(self.engine)
+        """The backend's facts for this run (sync mode "pinned" with LoRA and several resident
+        adapter versions: `EngineFacts.with_lora`)."""
+        return self.engine_entry.facts(self.engine).with_lora(self.trainer.lora.enabled)
+
+    def start_warnings(self) -> list[str]:
+        """One line for each key that cannot act as asked (TrainJob logs them once, at start-up).
+
+        engine.adapter_versions: it cannot act without LoRA (every push is full weights); pushes
+        may wait when K < max_staleness + 1 (a group admitted max_staleness versions ago can still
+        be sampling, so all K versions may be pinned when the next one arrives); policy.migrate
+        cannot act with it (a pinned request stays where its version is resident)."""
+        k, lora = self.engine_facts.adapter_versions, self.trainer.lora.enabled
+        if k == 1:
+            return []
+        if not lora:
+            return [f"engine.adapter_versions={k} cannot act without LoRA (trainer.lora.rank=0): every push is "
+                    "full weights, taken as engine.sync_mode says"]
+        out = []
+        eta = self.run.max_staleness
+        if k < eta + 1:
+            out.append(f"engine.adapter_versions={k} < max_staleness+1={eta + 1}: a push may find every resident "
+                       "version pinned and wait for a slot to free (summary.json adapter_versions.pushes_waited)")
+        if self.policy_overrides.get("migrate"):
+            out.append(f"policy.migrate=true cannot act with engine.adapter_versions={k}: a pinned request "
+                       "finishes on its replica (another need not hold its version)")
+        return out
 
     @property
     def engine_in_process(self) -> bool:

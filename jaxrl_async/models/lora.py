@@ -19,6 +19,12 @@ is a Flax module's own parameter. Here the layers' parameters are stacked and sl
 `jax.lax.scan`, and the MLP's matmuls run inside a `custom_vjp`: neither operand is a module
 parameter qwix can find, so it would silently adapt nothing.
 
+Unmerged, per token (`adapter_output`): the JAX engine with `engine.adapter_versions=K > 1`
+keeps K adapters resident beside one base and gives each token its sequence's own, the S-LoRA /
+punica way: y = x W + scale * (x A[v]) B[v]. The K rank-r products x A[k] are computed for every
+token, masked to the token's entry, and multiplied by the stacked B as one [K r, out] matrix, so
+K versions cost K rank-r matmuls per projection, not K merged weight copies.
+
 This module imports nothing of the model: it works on any tree whose `layers` dict holds the
 targets, stacked ([L, ...]) or one layer's slice.
 """
@@ -26,7 +32,7 @@ targets, stacked ([L, ...]) or one layer's slice.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import jax
@@ -118,6 +124,43 @@ def merge_layers(layers: dict, adapter_layers: dict, scale: float) -> dict:
 def merged_params(params: dict, adapter: LoraAdapter) -> dict:
     """The model's pure params dict with the adapter merged into its stacked layers."""
     return {**params, "layers": merge_layers(params["layers"], adapter.params["layers"], adapter.scale)}
+
+
+@flax.struct.dataclass
+class ResidentAdapters:
+    """K adapters resident at once (the engine's pinned versions) and the entry each KV slot uses.
+
+    `layers`: one dict per layer (the generation layout), {param: {"a": [K, *in, r], "b": [K, r,
+    *out]}}; `slot_entry` [S] int32: the entry each slot's tokens take. The engine passes it as its
+    weights' "adapters" (models/transformer.py `forward_layers`)."""
+
+    layers: tuple
+    slot_entry: Any
+    scale: float = flax.struct.field(pytree_node=False)
+
+
+class TokenAdapters(NamedTuple):
+    """One layer's resident adapters and the entry each token takes, as one-hot weights [..., K]."""
+
+    params: dict  # {param: {"a": [K, *in, r], "b": [K, r, *out]}}
+    select: jax.Array  # [*tokens, K] float32, one 1 per token
+    scale: float
+
+
+def adapter_output(x: jax.Array, ab: dict, select: jax.Array, scale: float, in_axes: int = 1) -> jax.Array:
+    """scale * (x A[e]) B[e] for each token's entry e: the unmerged side branch a projection adds.
+
+    x [*tokens, *in] (`in_axes` trailing input axes), ab {"a": [K, *in, r], "b": [K, r, *out]},
+    select [*tokens, K] one-hot. Computed in float32 and cast to x's dtype: the x A of every entry,
+    zeroed but the token's own, times the entries' B stacked as one [K r, out] matrix."""
+    a, b = ab["a"], ab["b"]
+    k, rank = a.shape[0], a.shape[-1]
+    lead = x.shape[:x.ndim - in_axes]
+    x2 = x.reshape(-1, math.prod(x.shape[x.ndim - in_axes:]))  # [N, I]
+    xa = jnp.einsum("ni,kir->nkr", x2, a.reshape(k, -1, rank), preferred_element_type=jnp.float32)
+    xa = xa * select.reshape(-1, k, 1).astype(jnp.float32)  # [N, K, r]: the token's entry only
+    y = jnp.matmul(xa.reshape(-1, k * rank), b.reshape(k * rank, -1).astype(jnp.float32))
+    return (scale * y).astype(x.dtype).reshape(*lead, *b.shape[2:])
 
 
 def check_adapter(layers: dict, adapter: LoraAdapter, what: str) -> None:

@@ -36,7 +36,7 @@ from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.lora import LoraAdapter, merge_layers
+from jaxrl_async.models.lora import LoraAdapter, ResidentAdapters, TokenAdapters, adapter_output, merge_layers
 
 # Logical axis names used in `logical_axes` metadata (see jaxrl_async/sharding.py).
 LAYERS, VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP = (
@@ -348,16 +348,27 @@ def _mlp_bwd(res, d_y):
 mlp.defvjp(_mlp_fwd, _mlp_bwd)
 
 
-def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, attend):
+def adapted_dense(x: jax.Array, p: dict, name: str, lora: TokenAdapters | None, in_axes: int = 1) -> jax.Array:
+    """`dense(x, p[name])`, plus the token's resident adapter's side branch when `lora` adapts
+    `name` (models/lora.py `adapter_output`: y = x W + scale (x A[v]) B[v], unmerged)."""
+    y = dense(x, p[name], in_axes)
+    if lora is not None and name in lora.params:
+        y = y + adapter_output(x, lora.params[name], lora.select, lora.scale, in_axes)
+    return y
+
+
+def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: jax.Array, attend,
+                  lora: TokenAdapters | None = None):
     """One pre-norm block. x [B, T, E]; p holds this layer's parameters (no layer axis).
 
     `attend(q [B, T, H, D], k, v [B, T, K, D]) -> (out [B, T, H, D], aux)` is the attention
-    (`causal_attend` or `cached_attend`); returns (x, aux).
+    (`causal_attend` or `cached_attend`); returns (x, aux). `lora` (generation only, no gradient):
+    resident adapters applied unmerged per token (`adapted_dense`); None runs the weights alone.
     """
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)  # [B, T, E]
-    q = dense(h, p["wq"])  # [B, T, H, D]
-    k = dense(h, p["wk"])  # [B, T, K, D]
-    v = dense(h, p["wv"])  # [B, T, K, D]
+    q = adapted_dense(h, p, "wq", lora)  # [B, T, H, D]
+    k = adapted_dense(h, p, "wk", lora)  # [B, T, K, D]
+    v = adapted_dense(h, p, "wv", lora)  # [B, T, K, D]
     if cfg.attention_bias:
         q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
     if cfg.qk_norm:
@@ -365,10 +376,14 @@ def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: 
         k = rms_norm(k, p["k_norm"], cfg.rms_norm_eps)
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     attn, aux = attend(q, k, v)
-    x = x + dense(attn, p["wo"], in_axes=2)
+    x = x + adapted_dense(attn, p, "wo", lora, in_axes=2)
 
     h = rms_norm(x, p["mlp_norm"], cfg.rms_norm_eps)
-    x = x + mlp(h, p["w_gate"], p["w_up"], p["w_down"])
+    if lora is None:
+        x = x + mlp(h, p["w_gate"], p["w_up"], p["w_down"])
+    else:  # the MLP's forward with each projection adapted (no custom gradient needed here)
+        act = jax.nn.silu(adapted_dense(h, p, "w_gate", lora)) * adapted_dense(h, p, "w_up", lora)
+        x = x + adapted_dense(act, p, "w_down", lora)
     return x, aux
 
 
@@ -584,15 +599,24 @@ def inference_weights(params: dict) -> dict:
 
 
 def forward_layers(cfg: ModelConfig, weights: dict, tokens: jax.Array, positions: jax.Array,
-                   attends) -> tuple[jax.Array, list]:
+                   attends, rows: jax.Array | None = None) -> tuple[jax.Array, list]:
     """Embedding and every layer over `inference_weights`, one `attend` per layer (unrolled).
 
-    Returns the last hidden state [B, T, E] (before the final norm) and each layer's aux.
+    Weights holding "adapters" (`ResidentAdapters`: the engine's pinned versions) adapt each
+    token with its slot's entry; rows [B, T] int32 names each token's slot (clipped into range,
+    so padding takes some slot's entry and is dropped anyway). Returns the last hidden state
+    [B, T, E] (before the final norm) and each layer's aux.
     """
     x, cos, sin = _embed(cfg, weights["embed"], tokens, positions)
+    resident: ResidentAdapters | None = weights.get("adapters")
+    select = None
+    if resident is not None:
+        entries = jnp.take(resident.slot_entry, rows, mode="clip")  # [B, T]
+        select = jax.nn.one_hot(entries, next(iter(resident.layers[0].values()))["a"].shape[0], dtype=jnp.float32)
     auxes = []
-    for p, attend in zip(weights["layers"], attends, strict=True):
-        x, aux = decoder_layer(cfg, p, x, cos, sin, attend)
+    for i, (p, attend) in enumerate(zip(weights["layers"], attends, strict=True)):
+        lora = None if resident is None else TokenAdapters(resident.layers[i], select, resident.scale)
+        x, aux = decoder_layer(cfg, p, x, cos, sin, attend, lora)
         auxes.append(aux)
     return x, auxes
 

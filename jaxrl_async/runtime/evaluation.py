@@ -13,7 +13,9 @@ their pieces here before the rollout collector sees them, so no policy event, le
 check is made for them. What they cost is engine time, visible as generator busy time and in
 the step times around them. Weights: they start once the engine holds `version`; under
 `sync_mode=partial` a later push may reach a long evaluation mid-way, so `version` is the
-weights it started on (the lowest version of any of its tokens is reported too).
+weights it started on (the lowest version of any of its tokens is reported too); with pinned
+adapter versions (`engine.adapter_versions` > 1) each evaluation request runs wholly on the
+version it was admitted on.
 
 Scoring and the figures (`decode_all`, `score_all`, `summarize`, `EvalResult`, the block at the
 end of this file) are shared with `python -m jaxrl_async.eval` (jaxrl_async/cli/eval.py), so a

@@ -62,6 +62,13 @@ class EngineConfig:
       speculation: `engine.speculation.*` (engines/speculation.py): exact speculative decoding
         (speculative.py) in the weight-bound regime that `engine.speculation.max_active` sets;
         contiguous cache only.
+      adapter_versions: K, LoRA adapter versions resident at once (`trainer.lora.rank > 0`; with
+        full fine-tuning it cannot act). 1: each pushed adapter is merged into the base and
+        in-flight samples follow `sync_mode`. K > 1 (sync mode "pinned", core.py): the base plus
+        up to K adapters stacked, applied unmerged per slot; a sample runs on the version it was
+        admitted on until it ends, a push replaces the oldest version no live sample is pinned
+        to, and waits for a slot to free when every one is. Needs sync_mode=partial, the
+        contiguous cache and no speculation; a pinned request does not migrate.
 
     `EngineCore` does not read replicas, tensor_parallel or colocate: the caller builds one mesh
     per replica from them and passes it (`EngineCore(..., mesh=)`).
@@ -83,6 +90,7 @@ class EngineConfig:
     page_size: int = 0
     kv_pages: int | None = None
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    adapter_versions: int = 1
 
     def __post_init__(self) -> None:
         p = "EngineConfig"
@@ -111,6 +119,14 @@ class EngineConfig:
                   f"must be >= engine.num_slots={self.num_slots} (every decoding sample holds a page; "
                   "raise engine.kv_pages or lower engine.num_slots)")
 
+        k = self.adapter_versions
+        check(isinstance(k, int) and not isinstance(k, bool) and k >= 1, "engine.adapter_versions", k,
+              "must be an int >= 1 (1: each pushed adapter is merged into the base)")
+        if k > 1:
+            for ok, needs in ((self.sync_mode == "partial", f"engine.sync_mode=partial, not {self.sync_mode!r}"),
+                              (self.page_size == 0, "engine.page_size=0 (the paged engine merges adapters)"),
+                              (not self.speculation.enabled, "engine.speculation.when=never")):
+                check(ok, "engine.adapter_versions", k, f"> 1 (version-pinned adapters) needs {needs}")
         check(self.page_size == 0 or not self.speculation.enabled, "engine.speculation.when", self.speculation.when,
               "needs engine.page_size=0 (the paged engine does not speculate)")
 

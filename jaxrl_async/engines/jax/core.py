@@ -5,7 +5,9 @@
 1. weights: in "drain" sync mode, a pending weight update is applied once no slot is active
    (admission pauses while it waits); in "partial" mode `update_weights` swaps at once, between
    two decode steps, and in-flight samples continue on the new weights (their earlier keys and
-   values stay as the old weights computed them, as in AReaL's partial rollout);
+   values stay as the old weights computed them, as in AReaL's partial rollout); with pinned
+   adapter versions (LoRA, `adapter_versions` > 1) a pushed adapter that found every resident
+   version pinned is installed once one frees (admission goes on meanwhile);
 2. admission: migrated samples first (migration.py), then requests leave the priority queue while
    their `n` samples fit in free slots; each prompt is prefilled once (all but its last token)
    into its first slot, several prompts packed into one row (`prefill`, packing.py), and the
@@ -29,7 +31,10 @@ LoRA: a push may be a `LoraAdapter` (the trainer's adapter alone, models/lora.py
 weights. The core then keeps the weights it was built with as the base (no copy: installed weights
 are never donated) and merges each pushed adapter into it (`layout.merge_adapter`, one jitted
 call), so a push moves the adapter's bytes only, at the price of holding the base beside the
-merged weights.
+merged weights. With `engine.adapter_versions=K > 1` it merges nothing: the base and up to K
+adapters stay resident and each sample runs on the version it was admitted on (sync mode
+"pinned", adapter_versions.py): a pushed adapter becomes one more version at once, or at the first
+iteration where a slot frees when every resident version still has live samples.
 
 Placement: without a mesh, the cache goes to the weights' (first) device. With a (data, fsdp,
 tensor) `Mesh` (typically (1, 1, T)), weights and cache take the sharding table and the steps
@@ -51,6 +56,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_async.engines.base import GenerationRequest, RequestLimits, SampleOutput, check_new_request_id
 from jaxrl_async.engines.jax import compiles, layout, migration
+from jaxrl_async.engines.jax.adapter_versions import AdapterVersions
 from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.packing import PackedRow, packed_rows
 from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
@@ -102,6 +108,10 @@ class EngineCore:
         # see the same input shardings before and after a swap (no recompilation).
         self._full_installs = 0  # full weight sets accepted; 1 = only the ones built with
         self._base: dict | None = None  # LoRA: the built-with weights, the adapters' base
+        # adapter_versions > 1: admissions pin their version until a full-weights push shows
+        # that pushes are not adapters; the resident adapters exist from the first adapter push.
+        self._pins = config.adapter_versions > 1
+        self._adapters: AdapterVersions | None = None
         self._weights = self.check_params(params)
         device = next(iter(jax.tree.leaves(self._weights)[0].devices()))
         if mesh is None:
@@ -152,8 +162,20 @@ class EngineCore:
 
     @property
     def migratable(self) -> bool:
-        """Whether requests may leave and arrive (`detach` / `attach`): "partial" sync mode only."""
-        return self.config.sync_mode == "partial"
+        """Whether requests may leave and arrive (`detach` / `attach`): "partial" sync mode only,
+        and not with adapter_versions > 1 (another replica need not hold a pinned version)."""
+        return self.config.sync_mode == "partial" and self.config.adapter_versions == 1
+
+    @property
+    def adapter_versions(self) -> dict | None:
+        """With adapter_versions > 1: K, the resident versions and what the pushes did
+        (adapter_versions.py `summary`); None otherwise."""
+        if self.config.adapter_versions == 1:
+            return None
+        if self._adapters is None:
+            return {"versions": self.config.adapter_versions, "resident": [self.version], "pushes_pinned": 0,
+                    "pushes_waited": 0}
+        return self._adapters.summary()
 
     def has_work(self) -> bool:
         """Whether `step()` would do anything."""
@@ -208,26 +230,38 @@ class EngineCore:
         layout.regrouped). A `LoraAdapter` is checked against the layers' weights and merged into
         the base (module docstring)."""
         if isinstance(params, LoraAdapter):
-            return self._merged(params)
+            return self._resident(params) if self.config.adapter_versions > 1 else self._merged(params)
         if self.mesh is not None:
             params = layout.regrouped(params, self._reference)
         self._full_installs += 1
         return self._steps.install(accept_params(self._reference, params))
 
     def _merged(self, adapter: LoraAdapter) -> dict:
+        self._base_for(adapter)
+        return self._steps.merge(self._base, jax.device_put(adapter, self._adapter_place()))
+
+    def _resident(self, adapter: LoraAdapter) -> LoraAdapter:
+        """adapter_versions > 1: the checked adapter on the engine's devices, installed unmerged."""
+        self._base_for(adapter)
+        return jax.device_put(adapter, self._adapter_place())
+
+    def _base_for(self, adapter: LoraAdapter) -> None:
         check_adapter(self._reference["layers"], adapter, "the pushed adapter")
         if self._base is None:
             if self._full_installs > 1:
                 raise ValueError("update_weights: a LoRA adapter after full weights; the engine no longer holds "
                                  "the base model the adapter trains on")
             self._base = self._weights
-        place = (NamedSharding(self.mesh, PartitionSpec()) if self.mesh is not None
-                 else next(iter(jax.tree.leaves(self._base)[0].devices())))
-        return self._steps.merge(self._base, jax.device_put(adapter, place))
+
+    def _adapter_place(self):
+        return (NamedSharding(self.mesh, PartitionSpec()) if self.mesh is not None
+                else next(iter(jax.tree.leaves(self._weights)[0].devices())))
 
     def update_weights(self, params: Any, version: int) -> None:
         """Swap weights now ("partial") or once in-flight samples finish ("drain"); `params`: an
-        nnx.State (or pure dict) of the model's `nnx.Param`s. A newer update replaces a pending one."""
+        nnx.State (or pure dict) of the model's `nnx.Param`s. A newer update replaces a pending one.
+        With adapter_versions > 1 an adapter becomes one more resident version now, or once a
+        version frees (module docstring)."""
         self.install_weights(self.check_params(params), version)
 
     def install_weights(self, weights: dict, version: int) -> None:
@@ -235,19 +269,44 @@ class EngineCore:
         latest = self._pending_weights[1] if self._pending_weights else self.version
         if version < latest:
             raise ValueError(f"update_weights: version={version} goes backwards (engine is at {latest})")
-        if self.config.sync_mode == "partial":
+        if isinstance(weights, LoraAdapter):  # adapter_versions > 1: one more resident version
+            self._pending_weights = (weights, version)
+            if not self._install_pinned():
+                self._adapters.waited += 1
+        elif self.config.sync_mode == "partial":
             self._weights, self.version = weights, version
+            if self._pins:  # full weights: nothing to pin to, in-flight samples go on as "partial"
+                self._pins, self._adapters = False, None
+                for _, seq in self.slots.occupied():
+                    seq.pinned = None
         else:
             self._pending_weights = (weights, version)
+
+    def _install_pinned(self) -> bool:
+        """Install the pending adapter into a free entry; False when every entry is pinned."""
+        adapter, version = self._pending_weights
+        if self._adapters is None:
+            self._adapters = AdapterVersions(self.config.adapter_versions, adapter, self.version,
+                                             self._adapter_place())
+        pinned = [seq.pinned for _, seq in self.slots.occupied()] + [seq.pinned for seq in self.arrivals]
+        entry = self._adapters.free_entry(pinned)
+        if entry is None:
+            return False
+        self._adapters.install(entry, adapter, version)
+        self.version, self._pending_weights = version, None
+        return True
 
     # ------------------------------------------------------------------ the step
 
     def step(self) -> list[SampleOutput]:
         """One iteration: maybe swap weights, admit, decode up to k tokens per active slot."""
-        if self._pending_weights is not None and not self.active_slots:
+        pinned_push = self._pending_weights is not None and isinstance(self._pending_weights[0], LoraAdapter)
+        if pinned_push:  # a pinned push waits for a free entry, not for a drain; admission goes on
+            self._install_pinned()
+        elif self._pending_weights is not None and not self.active_slots:
             self._weights, self.version = self._pending_weights
             self._pending_weights = None
-        if self._pending_weights is None:
+        if self._pending_weights is None or pinned_push:
             migration.admit_arrivals(self)
             self._admit(self.queue.pop_admissible(len(self.slots.free())))
         return self._decode() if self.active_slots else []
@@ -274,7 +333,10 @@ class EngineCore:
             sp, prompt = request.sampling, request.prompt_ids
             slots = [next(free) for _ in range(sp.n)]
             for i, slot in enumerate(slots):
-                self.slots.place(slot, new_sequence(request, i), sp)
+                seq = new_sequence(request, i)
+                if self._pins:  # runs on the newest resident version until it ends
+                    seq.pinned = self.version
+                self.slots.place(slot, seq, sp)
             if len(prompt) > 1:  # the last prompt token is fed by the first decode step
                 shared.append((prompt[:-1], slots))
         self.prefill([(prefix, slots[0]) for prefix, slots in shared])
@@ -295,17 +357,28 @@ class EngineCore:
     def _prefill_row(self, row: PackedRow) -> KVCache:
         """One prefill call: the row's tokens into their slots' cache rows."""
         slots = np.where(row.slots >= 0, row.slots, self.config.num_slots).astype(np.int32)  # out of range: dropped
-        return self._steps.prefill(self.model_config, self._weights, self._cache, row.tokens,
+        return self._steps.prefill(self.model_config, self.step_weights(), self._cache, row.tokens,
                                    row.positions, row.segments, slots)
+
+    def step_weights(self) -> dict:
+        """What the step functions compute with: the installed weights, plus with resident
+        adapters (adapter_versions > 1) the stack and each slot's entry (its pinned version's)."""
+        if self._adapters is None:
+            return self._weights
+        entries = np.zeros(self.config.num_slots, np.int32)
+        for slot, seq in self.slots.occupied():
+            if seq.pinned is not None:
+                entries[slot] = self._adapters.entry_of(seq.pinned)
+        return self._adapters.weights(self._weights, entries)
 
     def _emit(self, tokens: np.ndarray, logprobs: np.ndarray, count: np.ndarray) -> list[SampleOutput]:
         """Append each slot's `count` new tokens, finish and stream samples as count one-step
         iterations would, and set the next step's inputs."""
         outputs, every = [], self.config.stream_every
         for slot, seq in self.slots.occupied():
-            reason = None
+            reason, version = None, self.version if seq.pinned is None else seq.pinned
             for j in range(count[slot]):  # as count[slot] one-step iterations would
-                reason = seq.append(int(tokens[slot, j]), float(logprobs[slot, j]), self.version)
+                reason = seq.append(int(tokens[slot, j]), float(logprobs[slot, j]), version)
                 if reason is not None:
                     break
                 if every and len(seq.pending_tokens) >= every:
@@ -332,7 +405,7 @@ class EngineCore:
             raise ValueError(f"warmup: needs an idle engine, {self.active_slots} slots are active")
         for width in self.config.buckets():
             zeros = np.zeros((1, width), np.int32)
-            self._cache = self._steps.prefill(self.model_config, self._weights, self._cache, zeros,
+            self._cache = self._steps.prefill(self.model_config, self.step_weights(), self._cache, zeros,
                                               zeros, zeros, zeros[0])
             self._cache = self._steps.copy_prefix(self._cache, np.int32(0), np.int32(0), width)
         for length in sorted({self._decode_length(b) for b in self.config.buckets()}):
@@ -353,7 +426,7 @@ class EngineCore:
     def _run_decode(self, length: int | None = None):
         a = self.slots.arrays
         return self._steps.decode(self.model_config, length or self._live_length(),
-                                  self.config.decode_steps_per_call, self._weights, self._cache,
+                                  self.config.decode_steps_per_call, self.step_weights(), self._cache,
                                   a.tokens, a.positions, a.seeds, a.sample_index, a.token_index,
                                   a.temperature, a.top_p, a.top_k, a.remaining, a.stop_table(),
                                   **self._decode_kwargs())

@@ -206,7 +206,8 @@ class JaxEngine(GenerationEngine):
             active_slots=core.active_slots, total_slots=core.config.num_slots,
             queued=core.queued + sum(isinstance(c, Submit) for c in list(self._commands)),
             busy_fraction=self._busy_s / elapsed if elapsed > 0 else 0.0,
-            version=core.version, extra={"counters": dict(core.counters)})
+            version=core.version, extra={"counters": dict(core.counters),
+                                         **({"adapters": core.adapter_versions} if core.adapter_versions else {})})
 
     def timings(self) -> list[EngineTiming]:
         out = []

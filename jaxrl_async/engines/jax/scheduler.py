@@ -80,6 +80,7 @@ class SlotSequence:
     pending_tokens: list[int] = field(default_factory=list)
     pending_logprobs: list[float] = field(default_factory=list)
     pending_versions: VersionRuns = field(default_factory=list)
+    pinned: int | None = None  # the adapter version it runs on (adapter_versions > 1); None: the engine's
 
     def append(self, token: int, logprob: float, version: int) -> FinishReason | None:
         """Record a sampled token; returns why the sample ends, or None if it goes on."""

@@ -46,7 +46,7 @@ def engine_prefill(cfg: ModelConfig, weights: dict, cache: KVCache, tokens: jax.
     with positions 0, 1, ...; slots [T]: the slot each token's keys/values go to (num_slots for
     padding, which is dropped). The logits are not computed."""
     attend = causal_attend(segments)
-    _, kvs = forward_layers(cfg, weights, tokens, positions, [attend] * cfg.num_layers)
+    _, kvs = forward_layers(cfg, weights, tokens, positions, [attend] * cfg.num_layers, rows=slots[None])
     new = [write_kv(kt, v, k_new[0], v_new[0], slots, positions[0])
            for kt, v, (k_new, v_new) in zip(cache.k, cache.v, kvs, strict=True)]
     return KVCache(k=tuple(kt for kt, _ in new), v=tuple(v for _, v in new))
@@ -123,7 +123,8 @@ def engine_decode(cfg: ModelConfig, weights: dict, cache: KVCache, tokens: jax.A
         positions = positions[:, None]
         attends = [paged_attend(kt, v, live, positions, active, kernel)
                    for kt, v in zip(cache.k, cache.v, strict=True)]
-    x, kvs = forward_layers(cfg, weights, tokens[:, None], positions, attends)
+    rows = jnp.arange(tokens.shape[0], dtype=jnp.int32)[:, None]  # row s is slot s
+    x, kvs = forward_layers(cfg, weights, tokens[:, None], positions, attends, rows=rows)
     logits = inference_logits(cfg, weights, x)[:, 0]  # [S, V]
     keys = sampling.sample_keys(seeds, sample_index, token_index)
     next_tokens = sampling.sample(logits, keys, temperature, top_p, top_k)

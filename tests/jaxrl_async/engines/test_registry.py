@@ -18,7 +18,7 @@ def test_each_engine_group_is_typed_by_its_registered_config():
 def test_an_unknown_engine_or_key_is_one_line_naming_the_choices():
     with pytest.raises(ValueError, match=r"engine.name='tgi': must be one of \('jax', 'vllm'\)"):
         engine_config("tgi", {})
-    with pytest.raises(ValueError, match=r"engine.slots: unknown key \(known: cache_dtype, colocate,"):
+    with pytest.raises(ValueError, match=r"engine.slots: unknown key \(known: adapter_versions, cache_dtype,"):
         engine_config("jax", {"slots": 4})
 
 

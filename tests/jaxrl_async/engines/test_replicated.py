@@ -278,3 +278,13 @@ def test_mark_critical_reaches_the_owning_replica_whose_timings_count_the_drafts
     assert drafted[1] > 0 and drafted[0] == 0  # "b" went to replica 1 (least loaded), "a" to 0
     assert sum(t.accepted for t in timings) <= drafted[1]
     assert got[("a", 0)].token_ids == got[("b", 0)].token_ids  # greedy: speculation changes no token
+
+
+def test_replicas_adapter_versions_are_summed_and_their_resident_versions_joined():
+    from jaxrl_async.engines.replicated import adapter_totals
+
+    one = {"versions": 3, "resident": [3, 4, 5], "pushes_pinned": 5, "pushes_waited": 1}
+    two = {"versions": 3, "resident": [2, 4, 5], "pushes_pinned": 5, "pushes_waited": 0}
+    assert adapter_totals([one, two]) == {"adapters": {"versions": 3, "resident": [2, 3, 4, 5], "pushes_pinned": 10,
+                                                       "pushes_waited": 1}}
+    assert adapter_totals([None, None]) == {}
