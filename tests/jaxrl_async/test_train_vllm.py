@@ -72,3 +72,21 @@ def test_a_lora_run_on_vllm_pins_every_group_to_one_adapter_version_within_the_b
     assert all(len({v for v, _ in g["versions"]}) == 1 for g in groups), [g["versions"] for g in groups]
     assert max(v for g in groups for v, _ in g["versions"]) >= 1
     assert not (tmp_path / "vllm_model" / "adapters").exists()  # the adapters' directories are gone
+
+
+def test_lora_on_a_vllm_without_lora_kernels_fails_before_the_run_in_one_line(tmp_path, monkeypatch):
+    """A device vLLM has no LoRA kernels for (its base `Platform.get_punica_wrapper` raises
+    NotImplementedError, as on platforms without punica support) stops the run in preflight."""
+    from vllm.platforms import current_platform
+
+    def no_kernels(*args):
+        raise NotImplementedError
+
+    monkeypatch.setattr(current_platform, "get_punica_wrapper", no_kernels)
+    setup = typed_config(compose_train([*_overrides(tmp_path), "trainer.lora.rank=8"]))
+    with pytest.raises(ValueError) as info:
+        TrainJob(setup, tmp_path / "run")
+    message = str(info.value)
+    assert message.startswith("trainer.lora.rank=8: engine=vllm (vLLM ") and "has no LoRA kernels on" in message
+    assert "\n" not in message
+    assert not (tmp_path / "run").exists() and not (tmp_path / "vllm_model").exists()  # nothing left behind

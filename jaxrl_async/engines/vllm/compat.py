@@ -62,9 +62,11 @@ def check_model_for_platform(cfg: ModelConfig) -> None:
 
 
 def check_vllm_lora(rank: int) -> None:
-    """Refuse, at start-up in one line naming the key, LoRA on a vLLM that cannot serve adapters:
+    """Refuse, at start-up in one line naming the key (a ValueError: the run's configuration asks
+    what the installed vLLM cannot do), LoRA on a vLLM that cannot serve adapters:
     `AsyncLLM.add_lora` / `remove_lora`, `LoRARequest` with a `lora_path`, and a LoRA kernel
-    (punica wrapper) for the current platform."""
+    (punica wrapper) for the current platform. The run's preflight calls it (registry
+    `check_model`) before anything is written; the engine again when it is built."""
     import vllm
 
     where = f"trainer.lora.rank={rank}: engine=vllm (vLLM {getattr(vllm, '__version__', '?')})"
@@ -79,11 +81,11 @@ def check_vllm_lora(rank: int) -> None:
         if "lora_path" not in getattr(LoRARequest, "__struct_fields__", ()):
             missing.append("LoRARequest.lora_path")
     if missing:
-        raise RuntimeError(f"{where} lacks {missing[0]}; set trainer.lora.rank=0 or use engine=jax")
+        raise ValueError(f"{where} lacks {missing[0]}; set trainer.lora.rank=0 or use engine=jax")
     from vllm.platforms import current_platform
 
     try:
         current_platform.get_punica_wrapper()
     except NotImplementedError:
-        raise RuntimeError(f"{where} has no LoRA kernels on {current_platform.device_name}; "
+        raise ValueError(f"{where} has no LoRA kernels on {current_platform.device_name}; "
                            "set trainer.lora.rank=0 or use engine=jax") from None
