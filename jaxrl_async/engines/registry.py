@@ -61,9 +61,10 @@ class EngineEntry:
     # (config, the model's `ModelConfig`) -> a one-line ValueError when the model cannot serve the
     # config (e.g. a draft of more layers than the policy has); read without the weights.
     check_model: Callable[[Any, Any], None] = lambda config, model: None
-    # (config, trainer.lora.rank, adapter versions in flight: max_staleness + 1) -> the config of an
-    # engine that serves the run's LoRA adapters itself (vLLM's LoRARequests). None: an in-process
-    # engine merges pushed adapters into its base (engine=jax); one that places itself cannot take them.
+    # (config, trainer.lora.rank (0: no LoRA), adapter versions in flight: max_staleness + 1) -> the
+    # config of an engine that serves the run's LoRA adapters itself (vLLM's LoRARequests). None: an
+    # in-process engine merges pushed adapters into its base (engine=jax); one that places itself
+    # cannot take them.
     serve_adapters: Callable[[Any, int, int], Any] | None = None
 
     def placement(self, config: Any, mesh: Any) -> Any:
@@ -143,6 +144,10 @@ def _vllm_check_model(config: VllmEngineConfig, model: Any) -> None:
 
 
 def _vllm_adapters(config: VllmEngineConfig, rank: int, versions: int) -> VllmEngineConfig:
+    check(config.adapter_rank in (0, rank), "engine.adapter_rank", config.adapter_rank,
+          f"is set by the run from trainer.lora.rank (here {rank}); leave it unset")
+    if not rank:
+        return config
     return dataclasses.replace(config, adapter_rank=rank, adapter_versions=config.adapter_versions or versions)
 
 

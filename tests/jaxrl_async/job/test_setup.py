@@ -211,5 +211,10 @@ def test_lora_on_vllm_serves_the_adapters_pinned_sized_for_the_versions_in_fligh
                       ["trainer.lora.rank=4"]).engine.adapter_versions == 5
     plain = setup_with({"name": "vllm", "max_num_seqs": 8, "sync_mode": "drain"})
     assert (plain.engine.adapter_rank, plain.engine_facts.sync_mode) == (0, "drain")
+    # engine.adapter_rank is the run's to set: by hand it is refused unless it says the same.
+    with pytest.raises(ValueError, match=r"^engine.adapter_rank=8: is set by the run from trainer.lora.rank \(here 0\)"):
+        setup_with({"name": "vllm", "max_num_seqs": 8, "adapter_rank": 8})
+    assert setup_with({"name": "vllm", "max_num_seqs": 8, "adapter_rank": 4},
+                      ["trainer.lora.rank=4"]).engine.adapter_rank == 4
     with pytest.raises(ValueError, match=r"^trainer.lora.rank=600: engine=vllm serves LoRA ranks 1..512"):
         setup_with({"name": "vllm", "max_num_seqs": 8}, ["trainer.lora.rank=600"])
