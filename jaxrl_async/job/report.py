@@ -93,15 +93,16 @@ def export_hf(loaded: LoadedModel, trainer: Trainer, run_dir: Path, setup: Train
 
 
 def lora_summary(setup: TrainSetup, loaded: LoadedModel, trainer: Trainer) -> dict[str, Any]:
-    """summary.json's `lora`: the adapter's size and what one weight push moves, adapter against
-    the full weights (both in the engine's dtype, the model's)."""
+    """summary.json's `lora`: the adapter's size, what one weight push moves, adapter against the
+    full weights (both in the engine's dtype, the model's), and the engine's sync mode with
+    adapters (engine=vllm: pinned, each request keeps the adapter it started with)."""
     itemsize = jnp.dtype(loaded.cfg.dtype).itemsize
     adapter = sum(x.size for x in jax.tree.leaves(trainer.params(copy=False)))
     full = sum(x.size for x in jax.tree.leaves(nnx.state(loaded.model, nnx.Param)))
     lora = setup.trainer.lora
     return {"rank": lora.rank, "alpha": lora.alpha, "targets": list(lora.targets), "adapter_params": adapter,
             "push_bytes": adapter * itemsize, "full_push_bytes": full * itemsize,
-            "push_fraction": adapter / full}
+            "push_fraction": adapter / full, "sync_mode": setup.engine_facts.sync_mode}
 
 
 def write_summary(setup: TrainSetup, result: Any, *, bound: int | None, run_dir: Path,

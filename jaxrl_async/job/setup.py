@@ -137,12 +137,29 @@ def typed_config(cfg: DictConfig | Mapping[str, Any]) -> TrainSetup:
     if model.adapter is not None and where.engine_workers is not None:
         raise ValueError(f"model.adapter={model.adapter!r}: cluster={cluster.name}'s workers load model.source "
                          "alone; merging an adapter there is not built yet")
-    if trainer.lora.enabled and (facts.places_itself or where.engine_workers is not None):
-        # Only the in-process JAX engine merges a pushed adapter (engines/jax/core.py).
-        where_to = f"engine={engine.name}" if facts.places_itself else f"cluster={cluster.name}"
-        raise ValueError(f"trainer.lora.rank={trainer.lora.rank}: LoRA with {where_to} is not built yet "
-                         "(only engine=jax in-process takes adapters); set trainer.lora.rank=0")
+    engine = _with_adapters(engine, entry, trainer.lora.rank, run.max_staleness, cluster)
     return TrainSetup(run, model, groups["task"], name, overrides, engine, trainer, cluster)
+
+
+def _with_adapters(engine: Any, entry: EngineEntry, rank: int, max_staleness: int | None,
+                   cluster: ClusterConfig) -> Any:
+    """The engine config for `trainer.lora.rank` (0: no LoRA): an engine with `serve_adapters`
+    serves the adapters itself, sized for the versions in-flight requests may be pinned to
+    (max_staleness + 1, and never more than the sequences it decodes at once); an in-process JAX
+    engine merges each pushed adapter as it is."""
+    if rank and cluster.facts.engine_workers is not None:
+        # The workers' engines are built from model.source and the engine keys on their own nodes;
+        # replacing a lost one on the base and bringing it to the newest adapter is not written or tested.
+        raise ValueError(f"trainer.lora.rank={rank}: LoRA with cluster={cluster.name} is not built yet (its "
+                         "workers' engines are not built for adapters); set trainer.lora.rank=0 or cluster=local")
+    facts = entry.facts(engine)
+    if entry.serve_adapters is None:
+        if rank and facts.places_itself:
+            raise ValueError(f"trainer.lora.rank={rank}: engine={engine.name} cannot serve LoRA adapters; "
+                             "set trainer.lora.rank=0 or use engine=jax or engine=vllm")
+        return engine
+    versions = facts.slots if max_staleness is None else min(max_staleness + 1, facts.slots)
+    return entry.serve_adapters(engine, rank, versions)
 
 
 def _require_package(module: str, what: str, fix: str) -> None:

@@ -59,3 +59,33 @@ def check_model_for_platform(cfg: ModelConfig) -> None:
     sizes = CPUAttentionBackend.get_supported_head_sizes()
     if cfg.head_dim not in sizes:
         raise ValueError(f"model head_dim={cfg.head_dim}: vLLM's CPU attention supports head sizes {sizes}")
+
+
+def check_vllm_lora(rank: int) -> None:
+    """Refuse, at start-up in one line naming the key (a ValueError: the run's configuration asks
+    what the installed vLLM cannot do), LoRA on a vLLM that cannot serve adapters:
+    `AsyncLLM.add_lora` / `remove_lora`, `LoRARequest` with a `lora_path`, and a LoRA kernel
+    (punica wrapper) for the current platform. The run's preflight calls it (registry
+    `check_model`) before anything is written; the engine again when it is built."""
+    import vllm
+
+    where = f"trainer.lora.rank={rank}: engine=vllm (vLLM {getattr(vllm, '__version__', '?')})"
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    missing = [name for name in ("add_lora", "remove_lora") if not hasattr(AsyncLLM, name)]
+    try:
+        from vllm.lora.request import LoRARequest
+    except ImportError:
+        missing.append("vllm.lora.request.LoRARequest")
+    else:
+        if "lora_path" not in getattr(LoRARequest, "__struct_fields__", ()):
+            missing.append("LoRARequest.lora_path")
+    if missing:
+        raise ValueError(f"{where} lacks {missing[0]}; set trainer.lora.rank=0 or use engine=jax")
+    from vllm.platforms import current_platform
+
+    try:
+        current_platform.get_punica_wrapper()
+    except NotImplementedError:
+        raise ValueError(f"{where} has no LoRA kernels on {current_platform.device_name}; "
+                           "set trainer.lora.rank=0 or use engine=jax") from None

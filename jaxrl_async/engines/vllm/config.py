@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from jaxrl_async.engines.speculation import SpeculationConfig
-from jaxrl_async.engines.vllm.convert import speculative_config
+from jaxrl_async.engines.vllm.convert import max_lora_rank, speculative_config
 from jaxrl_async.transports import TRANSPORTS, check_transport_options
 from planner.configs import check
 from planner.types import check_sync_mode
@@ -41,6 +41,13 @@ class VllmEngineConfig:
       speculation: `engine.speculation.*`, mapped onto vLLM's `speculative_config`
         (convert.speculative_config: when=always only; max_active -> vLLM's batch-size schedule).
       engine_args: any other `AsyncEngineArgs` field, passed through.
+      adapter_rank: the rank of the LoRA adapters the run pushes, set by the run from
+        `trainer.lora.rank` (job/setup.py via the registry's `serve_adapters`), not by hand; 0: no
+        adapters. With it vLLM starts with `enable_lora` and every push is one more adapter
+        (`LoRARequest`): the sync mode is `pinned` and sync_mode / recompute_kv / transport do not act.
+      adapter_versions: adapters vLLM holds at once (its `max_loras`); None: the run's
+        max_staleness + 1 (every version an in-flight request may still be pinned to), at most
+        max_num_seqs (the distinct versions of the sequences decoded at once), or 1 outside a run.
     """
 
     name: ClassVar[str] = "vllm"  # `engine.name`: its entry in engines/registry.py
@@ -59,6 +66,8 @@ class VllmEngineConfig:
     seed: int = 0
     speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
     engine_args: dict = field(default_factory=dict)
+    adapter_rank: int = 0
+    adapter_versions: int | None = None
 
     def __post_init__(self) -> None:
         check_sync_mode("engine.sync_mode", self.sync_mode, SYNC_MODES)
@@ -66,6 +75,11 @@ class VllmEngineConfig:
         check_transport_options(self.transport, self.transport_options)
         for name in ("max_num_seqs", "max_model_len", "tensor_parallel_size"):
             check(getattr(self, name) >= 1, f"engine.{name}", getattr(self, name), "must be >= 1")
+        check(self.adapter_rank >= 0, "engine.adapter_rank", self.adapter_rank, "must be >= 0 (0: no adapters)")
+        if self.adapter_rank:
+            max_lora_rank(self.adapter_rank)  # a rank vLLM cannot serve is refused here, naming trainer.lora.rank
+        check(self.adapter_versions is None or self.adapter_versions >= 1, "engine.adapter_versions",
+              self.adapter_versions, "must be >= 1 (or null: max_staleness + 1)")
         # Refused here, at start-up, not when vLLM starts: when=critical, draft_model=layers:N.
         spec = speculative_config(self.speculation, self.max_num_seqs)
         check(spec is None or "speculative_config" not in self.engine_args, "engine.engine_args.speculative_config",

@@ -3,8 +3,9 @@
 `engines/vllm/engine.py` needs vLLM to run, and its tests skip without it (CI runs them in the
 vLLM job only). What it computes from plain values lives here instead, importing nothing of
 vLLM: the sampling settings of one vLLM request, how a vLLM finish reason ends (or continues) a
-sample, vLLM's weight-version spans as the contract's run-length versions, and
-`engine.speculation.*` as vLLM's `speculative_config`.
+sample, vLLM's weight-version spans as the contract's run-length versions,
+`engine.speculation.*` as vLLM's `speculative_config`, and the LoRA engine arguments and
+adapter-version bookkeeping of a run that pushes adapters (sync mode `pinned`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ from planner.configs import check
 from planner.versions import append_run
 
 FINISH_REASONS = ("stop", "length", "abort")  # the contract's (engines/base.py FinishReason)
+# The `max_lora_rank` values vLLM accepts (vllm/config/lora.py `MaxLoRARanks`, vLLM 0.32); its
+# LoRA kernels are compiled for these widths, an adapter of smaller rank is zero-padded.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 def sampling_kwargs(sp: Any, n: int, first_index: int, remaining: int) -> dict[str, Any]:
@@ -105,3 +109,76 @@ def speculative_config(spec: SpeculationConfig, max_num_seqs: int) -> dict[str, 
         out["num_speculative_tokens_per_batch_size"] = [
             (1, spec.max_active, spec.tokens), (spec.max_active + 1, max_num_seqs, 0)]
     return out
+
+
+def max_lora_rank(rank: int) -> int:
+    """vLLM's `max_lora_rank` for adapters of `rank`: the smallest admissible width >= rank."""
+    fits = [r for r in VLLM_LORA_RANKS if r >= rank]
+    check(rank >= 1 and bool(fits), "trainer.lora.rank", rank,
+          f"engine=vllm serves LoRA ranks 1..{max(VLLM_LORA_RANKS)} (vLLM's max_lora_rank)")
+    return fits[0]
+
+
+def lora_engine_args(rank: int, versions: int) -> dict[str, Any]:
+    """vLLM's engine arguments for serving `versions` adapters of `rank` at once.
+
+    `max_loras` bounds the distinct adapters in one scheduled batch: every version an in-flight
+    request is pinned to (at most max_staleness + 1) fits, so none of them waits for another to
+    finish. `max_cpu_loras` holds one more, the adapter just added while the oldest is still in use.
+    """
+    return dict(enable_lora=True, max_lora_rank=max_lora_rank(rank), max_loras=versions,
+                max_cpu_loras=versions + 1)
+
+
+def pinned_versions(spans: Iterable[Any] | None, count: int, version: int, base: int) -> list[list[int]]:
+    """The run-length versions of a sample generated under adapter `version` (sync mode pinned):
+    all `count` tokens are `version`'s. vLLM's own spans must cover them and all name `base`, the
+    label of the base weights it started with: a LoRA engine never swaps its base."""
+    seen = versions_from_spans(spans, count)
+    if any(v != base for v, _ in seen):
+        raise RuntimeError(f"vLLM labelled tokens {seen} under adapter v{version}; the base weights are "
+                           f"version {base} and never change with LoRA")
+    return [[version, count]] if count else []
+
+
+class AdapterVersions:
+    """Which adapter versions vLLM holds and how many live vLLM requests use each (sync mode pinned).
+
+    The newest serves every new request; an older one is removable once its last request ends
+    (`add` and `release` return the versions to remove). Before the first push the engine serves
+    the base weights, its start version, with no adapter (`newest` None): an untrained adapter
+    (B = 0) is the base exactly."""
+
+    def __init__(self) -> None:
+        self.newest: int | None = None
+        self.users: dict[int, int] = {}  # resident version -> live requests pinned to it
+        self.added = self.removed = 0
+
+    def check_new(self, version: int) -> None:
+        if version in self.users:
+            raise ValueError(f"update_weights: adapter version={version} is already resident")
+
+    def add(self, version: int) -> list[int]:
+        self.check_new(version)
+        self.newest = version
+        self.users[version] = 0
+        self.added += 1
+        return self._idle()
+
+    def acquire(self) -> int | None:
+        """Pin one new request to the newest adapter; its version (None: the base, no adapter)."""
+        if self.newest is not None:
+            self.users[self.newest] += 1
+        return self.newest
+
+    def release(self, version: int | None) -> list[int]:
+        if version is not None:
+            self.users[version] -= 1
+        return self._idle()
+
+    def _idle(self) -> list[int]:
+        idle = [v for v, n in self.users.items() if n == 0 and v != self.newest]
+        for v in idle:
+            del self.users[v]
+        self.removed += len(idle)
+        return idle

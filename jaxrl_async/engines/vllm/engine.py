@@ -23,16 +23,27 @@ loop and talks to it through `AsyncLLM`. What it adds on top:
     request whose prompt is prompt + tokens so far (prefix recomputed on the new weights). For
     engines whose pause cannot keep requests, or multi-engine setups that move prefixes.
   * `drain`: `pause_generation(mode="wait")` lets in-flight requests finish on the old weights.
+  * `pinned` (LoRA, `config.adapter_rank > 0`, set by the run from `trainer.lora.rank`): vLLM
+    starts with `enable_lora` and the base weights stay as loaded. Each push writes the adapter
+    in PEFT's format (models/peft_adapter.py `save_peft`, what vLLM's LoRA loader reads) to
+    `<model_dir>/adapters/v<version>` and adds it as `LoRARequest("v<version>", version + 1)`.
+    New requests go with the newest adapter; an in-flight one keeps the adapter it was admitted
+    with, so all its tokens are that version's — nothing pauses, nothing mixes versions. An
+    older adapter is removed (`remove_lora`, its directory deleted) when its last request ends.
+    vLLM 0.32 loads adapters from a path only (`LoRARequest.lora_path`; no in-memory tensors),
+    hence the directory; it is removed at `stop`.
 - Weights are checked (`weights.WeightChecker`) before anything reaches vLLM, and pushed by
   a transport (`jaxrl_async.transports`: memory, disk, nccl).
 
 Left out on purpose: streaming token-by-token pieces (versions are only known at the end of a
-vLLM request), LoRA pushes, tensor-parallel engines beyond what vLLM's own args give.
+vLLM request), tensor-parallel engines beyond what vLLM's own args give.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -42,17 +53,21 @@ from typing import Any
 
 from jaxrl_async.engines.base import (END_OF_OUTPUTS, EngineStats, GenerationEngine, GenerationRequest,
                                       RequestLimits, SampleOutput, check_new_request_id, read_outputs)
-from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api
+from jaxrl_async.engines.vllm.compat import check_model_for_platform, check_vllm_api, check_vllm_lora
 from jaxrl_async.engines.vllm.config import VllmEngineConfig
-from jaxrl_async.engines.vllm.convert import (piece_finish, sampling_kwargs, speculative_config, versions_from_spans,
-                                              vllm_priority)
+from jaxrl_async.engines.vllm.convert import (AdapterVersions, lora_engine_args, piece_finish, pinned_versions,
+                                              sampling_kwargs, speculative_config, versions_from_spans, vllm_priority)
 from jaxrl_async.engines.vllm.weights import WeightChecker, to_torch
 from jaxrl_async.engines.vllm.worker import WeightReceiver
+from jaxrl_async.models.lora import LoraAdapter
+from jaxrl_async.models.peft_adapter import save_peft
 from jaxrl_async.transports import make_transport
 from planner.configs import build
 
 # vLLM's worker process imports the class by this dotted name, so it is derived, never spelled out.
 WORKER_EXTENSION = f"{WeightReceiver.__module__}.{WeightReceiver.__qualname__}"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -77,6 +92,8 @@ class _Segment:
     task: asyncio.Task | None = None
     resubmit: bool = False  # aborted by a resubmit-mode update, not by the user
     received: int = 0  # tokens streamed in so far (not yet delivered: versions come at the end)
+    adapter: int | None = None  # pinned: the adapter version it runs with (None: the base weights)
+    version: int = 0  # pinned: the version all its tokens are generated at
 
 
 class VllmEngine(GenerationEngine):
@@ -86,6 +103,8 @@ class VllmEngine(GenerationEngine):
                  version: int = 0):
         check_vllm_api()
         check_model_for_platform(checker.cfg)
+        if config.adapter_rank:
+            check_vllm_lora(config.adapter_rank)
         self.config, self.checker, self.model_dir = config, checker, str(model_dir)
         self.limits = RequestLimits(context=config.max_model_len, context_key="engine.max_model_len",
                                     samples=config.max_num_seqs, samples_key="engine.max_num_seqs",
@@ -102,6 +121,12 @@ class VllmEngine(GenerationEngine):
         self._started_at = self._busy_since = None
         self._busy_s = 0.0
         self.update_timings: list[float] = []  # seconds per weight push (transport only)
+        # Pinned (LoRA): the resident adapters; the base weights' version label never changes.
+        self._adapters = AdapterVersions() if config.adapter_rank else None
+        self._lora_requests: dict[int, Any] = {}  # resident version -> its LoRARequest
+        self._removals: list[asyncio.Task] = []
+        self._base_version = version
+        self.adapter_dir = Path(self.model_dir) / "adapters"
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -120,6 +145,11 @@ class VllmEngine(GenerationEngine):
             tensor_parallel_size=c.tensor_parallel_size,
             worker_extension_cls=WORKER_EXTENSION,
             **self.transport.engine_args(), **c.engine_args)
+        if self._adapters is not None:
+            args.update(lora_engine_args(c.adapter_rank, c.adapter_versions or 1))
+            if c.sync_mode != "partial" or c.transport != "memory":
+                log.warning("engine.sync_mode=%s / engine.transport=%s have no effect with LoRA: each push is one "
+                            "more vLLM adapter (sync mode pinned)", c.sync_mode, c.transport)
         spec = speculative_config(c.speculation, c.max_num_seqs)
         if spec is not None:  # else vLLM's default (none), or what engine_args set
             args["speculative_config"] = spec
@@ -135,9 +165,11 @@ class VllmEngine(GenerationEngine):
             if seg.task is not None:
                 seg.task.cancel()
         await asyncio.gather(*(s.task for s in self._segments.values() if s.task), return_exceptions=True)
+        await asyncio.gather(*self._removals, return_exceptions=True)
         await self.transport.close()
         self._llm.shutdown()
         self._llm = None
+        shutil.rmtree(self.adapter_dir, ignore_errors=True)
         self._out.put_nowait(END_OF_OUTPUTS)
 
     # ------------------------------------------------------------------ requests
@@ -169,16 +201,21 @@ class VllmEngine(GenerationEngine):
         params = SamplingParams(**sampling_kwargs(sp, len(samples), samples[0].index, samples[0].remaining),
                                 output_kind=RequestOutputKind.DELTA)
         prompt = samples[0].prompt_ids + samples[0].token_ids
+        lora = None
+        if self._adapters is not None:  # pinned: the newest adapter, for the request's whole life
+            seg.adapter = self._adapters.acquire()
+            seg.version = self._version
+            lora = None if seg.adapter is None else self._lora_requests[seg.adapter]
         self._segments[seg.vllm_id] = seg
         self._mark_busy()
-        seg.task = asyncio.create_task(self._drive(seg, prompt, params))
+        seg.task = asyncio.create_task(self._drive(seg, prompt, params, lora))
 
-    async def _drive(self, seg: _Segment, prompt: list[int], params: Any) -> None:
+    async def _drive(self, seg: _Segment, prompt: list[int], params: Any, lora: Any = None) -> None:
         """Run one vLLM request; emit one piece per sample when vLLM finishes it."""
         tokens: dict[int, list[int]] = {i: [] for i in range(len(seg.samples))}
         logprobs: dict[int, list[float]] = {i: [] for i in range(len(seg.samples))}
         try:
-            async for out in self._llm.generate({"prompt_token_ids": prompt}, params, seg.vllm_id,
+            async for out in self._llm.generate({"prompt_token_ids": prompt}, params, seg.vllm_id, lora_request=lora,
                                                 priority=vllm_priority(seg.request.priority)):
                 for c in out.outputs:
                     new = list(c.token_ids)
@@ -195,10 +232,15 @@ class VllmEngine(GenerationEngine):
         finally:
             self._segments.pop(seg.vllm_id, None)
             self._mark_idle()
+            if self._adapters is not None:
+                self._remove_adapters(self._adapters.release(seg.adapter))
 
     def _finish_piece(self, seg: _Segment, sample: _SampleProgress, tokens: list[int], logprobs: list[float],
                       reason: str, spans: Any) -> None:
-        versions = versions_from_spans(spans, len(tokens))
+        if self._adapters is not None:
+            versions = pinned_versions(spans, len(tokens), seg.version, self._base_version)
+        else:
+            versions = versions_from_spans(spans, len(tokens))
         sample.token_ids += tokens
         sample.remaining -= len(tokens)
         if len(logprobs) != len(tokens):
@@ -220,6 +262,9 @@ class VllmEngine(GenerationEngine):
     async def update_weights(self, params: Any, version: int) -> None:
         if version < self._version:
             raise ValueError(f"update_weights: version={version} goes backwards (engine holds {self._version})")
+        if self._adapters is not None or isinstance(params, LoraAdapter):
+            await self._push_adapter(params, version)
+            return
         tensors = await asyncio.to_thread(self.checker.to_hf, params)
         device = "cuda" if self.config.transport == "nccl" else "cpu"
         tensors = await asyncio.to_thread(to_torch, tensors, device)
@@ -242,6 +287,48 @@ class VllmEngine(GenerationEngine):
         await self._llm.update_weight_version(str(version))
         self._version = version
         self.update_timings.append(time.perf_counter() - start)
+
+    async def _push_adapter(self, adapter: Any, version: int) -> None:
+        """Pinned: write `adapter` as a PEFT directory, add it to vLLM as version `version`'s
+        `LoRARequest` and make it the newest; remove the adapters no request uses any more."""
+        from vllm.lora.request import LoRARequest
+
+        rank = self.config.adapter_rank
+        if self._adapters is None or not isinstance(adapter, LoraAdapter):
+            have = f"adapters of rank {rank}" if rank else "full weights (it started without enable_lora)"
+            raise ValueError(f"update_weights: got {type(adapter).__name__}; this vLLM engine takes {have}")
+        self.checker.check_adapter(adapter)
+        self._adapters.check_new(version)
+        if adapter.rank != rank:
+            raise ValueError(f"update_weights: an adapter of rank {adapter.rank}; vLLM was started for rank {rank}")
+        start = time.perf_counter()
+        path = await asyncio.to_thread(save_peft, adapter, self.checker.cfg, self.adapter_dir / f"v{version}",
+                                       alpha=adapter.scale * adapter.rank, base_model=self.model_dir)
+        request = LoRARequest(lora_name=f"v{version}", lora_int_id=version + 1, lora_path=str(path))
+        async with self._update_lock:
+            if not await self._llm.add_lora(request):
+                raise RuntimeError(f"vLLM refused adapter {request.lora_name} from {path}")
+            self._lora_requests[version] = request
+            idle = self._adapters.add(version)
+            self._version = version
+        self._remove_adapters(idle)
+        self.update_timings.append(time.perf_counter() - start)
+
+    def _remove_adapters(self, versions: list[int]) -> None:
+        """Remove adapters no request uses (in a task: called where nothing may be awaited)."""
+        for version in versions:
+            request = self._lora_requests.pop(version)
+            self._removals.append(asyncio.create_task(self._remove_adapter(request)))
+        self._removals = [t for t in self._removals if not t.done()]
+
+    async def _remove_adapter(self, request: Any) -> None:
+        try:
+            await self._llm.remove_lora(request.lora_int_id)
+            await asyncio.to_thread(shutil.rmtree, request.lora_path, True)
+        except BaseException as error:  # noqa: BLE001 - the stream owner must see it
+            if not isinstance(error, asyncio.CancelledError):
+                self._out.put_nowait(error)
+            raise
 
     async def _update_resubmit(self, tensors: dict[str, Any], version: int) -> None:
         """Abort every live vLLM request, push, then continue each unfinished sample from its prefix."""
@@ -275,7 +362,10 @@ class VllmEngine(GenerationEngine):
             active_slots=min(unfinished, slots), total_slots=slots, queued=max(0, unfinished - slots),
             busy_fraction=busy / elapsed if elapsed > 0 else 0.0, version=self._version,
             extra={"weight_push_s": list(self.update_timings),
-                   "inflight_tokens": sum(s.received for s in self._segments.values())})
+                   "inflight_tokens": sum(s.received for s in self._segments.values()),
+                   **({} if self._adapters is None else {
+                       "adapters_resident": sorted(self._adapters.users), "adapters_added": self._adapters.added,
+                       "adapters_removed": self._adapters.removed})})
 
     def _mark_busy(self) -> None:
         if self._busy_since is None:

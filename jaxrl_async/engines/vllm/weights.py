@@ -18,6 +18,7 @@ from flax import nnx
 
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.hf_weights import to_hf_state_dict
+from jaxrl_async.models.lora import LoraAdapter, check_adapter
 from jaxrl_async.trees import check_like, pure
 
 
@@ -42,6 +43,11 @@ class WeightChecker:
         tensors = to_hf_state_dict(state, self.cfg)
         self.check_hf(tensors)
         return tensors
+
+    def check_adapter(self, adapter: LoraAdapter) -> None:
+        """A LoRA push: every adapted param is a layer weight of the engine's model and A, B fit it
+        (a one-line ValueError naming the param otherwise, before anything is written)."""
+        check_adapter(self._reference["params"]["layers"], adapter, "the pushed adapter")
 
     def check_hf(self, tensors: dict[str, np.ndarray]) -> None:
         """HF names, shapes and dtypes exactly as the engine's (the last gate before vLLM)."""

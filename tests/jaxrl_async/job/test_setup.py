@@ -176,7 +176,7 @@ def test_a_speculating_engines_run_line_carries_its_speculation_section():
 
 
 
-def test_lora_with_an_engine_that_cannot_merge_adapters_is_refused_in_one_line(monkeypatch):
+def test_lora_with_cluster_ray_or_an_engine_that_cannot_take_adapters_is_refused_in_one_line(monkeypatch):
     lora = [*QUIET, *SMALL, "trainer.lora.rank=4"]
     # As if ray and vllm were installed (CI's main stage has neither): the refusal is LoRA's, not
     # the missing package's.
@@ -186,7 +186,35 @@ def test_lora_with_an_engine_that_cannot_merge_adapters_is_refused_in_one_line(m
     with pytest.raises(ValueError) as info:
         typed_config(compose_train([*lora, "cluster=ray"]))
     assert str(info.value).startswith("trainer.lora.rank=4: LoRA with cluster=ray is not built yet"), info.value
+    # A backend that places itself and has no `serve_adapters` (vLLM's entry without it).
+    monkeypatch.setitem(ENGINES, "vllm", dataclasses.replace(ENGINES["vllm"], serve_adapters=None))
     with pytest.raises(ValueError) as info:
         setup_with({"name": "vllm"}, ["trainer.lora.rank=4"])
-    assert str(info.value).startswith("trainer.lora.rank=4: LoRA with engine=vllm is not built yet"), info.value
-    assert "\n" not in str(info.value)
+    assert str(info.value) == ("trainer.lora.rank=4: engine=vllm cannot serve LoRA adapters; set trainer.lora.rank=0 "
+                               "or use engine=jax or engine=vllm"), info.value
+
+
+def test_lora_on_vllm_serves_the_adapters_pinned_sized_for_the_versions_in_flight(monkeypatch):
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "vllm" else find_spec(name, *a))
+    setup = setup_with({"name": "vllm", "max_num_seqs": 8}, ["trainer.lora.rank=4", "max_staleness=2"])
+    assert (setup.engine.adapter_rank, setup.engine.adapter_versions) == (4, 3)  # η + 1 versions in flight
+    assert setup.engine_facts.sync_mode == "pinned"
+    # Never more versions than sequences decoded at once; unbounded staleness: one per sequence.
+    assert setup_with({"name": "vllm", "max_num_seqs": 8}, ["trainer.lora.rank=4", "max_staleness=20"]
+                      ).engine.adapter_versions == 8
+    assert setup_with({"name": "vllm", "max_num_seqs": 8}, ["trainer.lora.rank=4", "max_staleness=null"]
+                      ).engine.adapter_versions == 8
+    # engine.adapter_versions, when given, is kept; without LoRA nothing changes.
+    assert setup_with({"name": "vllm", "max_num_seqs": 8, "adapter_versions": 5},
+                      ["trainer.lora.rank=4"]).engine.adapter_versions == 5
+    plain = setup_with({"name": "vllm", "max_num_seqs": 8, "sync_mode": "drain"})
+    assert (plain.engine.adapter_rank, plain.engine_facts.sync_mode) == (0, "drain")
+    # engine.adapter_rank is the run's to set: by hand it is refused unless it says the same.
+    with pytest.raises(ValueError, match=r"^engine.adapter_rank=8: is set by the run from trainer.lora.rank \(here 0\)"):
+        setup_with({"name": "vllm", "max_num_seqs": 8, "adapter_rank": 8})
+    assert setup_with({"name": "vllm", "max_num_seqs": 8, "adapter_rank": 4},
+                      ["trainer.lora.rank=4"]).engine.adapter_rank == 4
+    with pytest.raises(ValueError, match=r"^trainer.lora.rank=600: engine=vllm serves LoRA ranks 1..512"):
+        setup_with({"name": "vllm", "max_num_seqs": 8}, ["trainer.lora.rank=600"])

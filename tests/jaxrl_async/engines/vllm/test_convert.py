@@ -1,7 +1,7 @@
 """The vLLM engine's pure conversions, run where vLLM is absent (engines/vllm/convert.py): the
 sampling settings of a vLLM request, how its finish reason ends or continues a sample, its
-priority, vLLM's weight-version spans as run-length versions, and `engine.speculation.*` as
-vLLM's speculative_config."""
+priority, vLLM's weight-version spans as run-length versions, `engine.speculation.*` as
+vLLM's speculative_config, and LoRA's engine arguments and adapter bookkeeping (sync mode pinned)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ import pytest
 from jaxrl_async.engines.base import SamplingParams
 from jaxrl_async.engines.speculation import SpeculationConfig
 from jaxrl_async.engines.vllm import convert
-from jaxrl_async.engines.vllm.convert import (piece_finish, sampling_kwargs, speculative_config, versions_from_spans,
-                                              vllm_priority)
+from jaxrl_async.engines.vllm.convert import (AdapterVersions, lora_engine_args, max_lora_rank, piece_finish,
+                                              pinned_versions, sampling_kwargs, speculative_config,
+                                              versions_from_spans, vllm_priority)
 
 
 @dataclass(frozen=True)
@@ -124,3 +125,40 @@ def test_the_vllm_engine_config_refuses_unmappable_speculation_when_built_from_t
     with pytest.raises(ValueError, match=r"^engine\.engine_args\.speculative_config=.*: set engine\.speculation\.\* "
                                          r"or this, not both$"):
         engine_config("vllm", {"speculation": {"when": "always"}, "engine_args": {"speculative_config": {}}})
+
+
+@pytest.mark.parametrize(("rank", "width"), [(1, 1), (2, 8), (8, 8), (9, 16), (16, 16), (33, 64), (512, 512)])
+def test_vllms_max_lora_rank_is_the_smallest_admissible_width_at_least_the_rank(rank, width):
+    assert max_lora_rank(rank) == width
+
+
+def test_a_lora_rank_vllm_cannot_serve_is_refused_naming_the_trainer_key():
+    with pytest.raises(ValueError, match=r"^trainer.lora.rank=513: engine=vllm serves LoRA ranks 1..512"):
+        max_lora_rank(513)
+
+
+def test_lora_engine_args_hold_every_pinned_version_in_a_batch_and_one_more_in_the_cache():
+    assert lora_engine_args(12, 3) == dict(enable_lora=True, max_lora_rank=16, max_loras=3, max_cpu_loras=4)
+
+
+def test_pinned_tokens_are_all_the_admission_version_and_vllms_spans_must_name_the_base():
+    assert pinned_versions([Span("0", 0, 3), Span("0", 3, 7)], 7, 5, 0) == [[5, 7]]
+    assert pinned_versions(None, 0, 5, 0) == []
+    with pytest.raises(RuntimeError, match="the base weights are version 0 and never change"):
+        pinned_versions([Span("0", 0, 3), Span("4", 3, 7)], 7, 5, 0)
+    with pytest.raises(RuntimeError, match="cover 3 tokens, the sample has 7"):
+        pinned_versions([Span("0", 0, 3)], 7, 5, 0)
+
+
+def test_an_old_adapter_is_removed_once_its_last_request_ends_and_never_the_newest():
+    book = AdapterVersions()
+    assert book.acquire() is None and book.release(None) == []  # before any push: the base, no adapter
+    assert book.add(1) == [] and book.acquire() == 1 and book.acquire() == 1
+    assert book.add(2) == []  # v1 still has two requests
+    assert book.acquire() == 2  # new requests get the newest
+    assert book.release(1) == [] and book.release(1) == [1]  # v1's last request ended
+    assert book.release(2) == []  # v2 is the newest: kept for the next requests
+    assert book.add(3) == [2]  # v2 idle once v3 arrives
+    assert (sorted(book.users), book.added, book.removed) == ([3], 3, 2)
+    with pytest.raises(ValueError, match="adapter version=3 is already resident"):
+        book.add(3)
