@@ -1,12 +1,13 @@
-"""Curves and before/after table of the SmolLM2 arithmetic recipe (README "Train a real model").
+"""Curves and before/after table of a SmolLM2 recipe (README "Train a real model", "Environments").
 
-    python benchmarks/plot_recipe.py RUN_DIR [RUN_DIR ...] [--out benchmarks/results]
+    python benchmarks/plot_recipe.py RUN_DIR [RUN_DIR ...] [--name smollm2_arithmetic] [--out benchmarks/results]
 
-Each RUN_DIR is a finished `python -m jaxrl_async.train +experiment=smollm2_arithmetic seed=S`
-run. The script scores the base model and each run's final export (`RUN_DIR/hf`) on the held-out
-split with `jaxrl_async.eval` (greedy pass@1, the run's max_new_tokens), reads the in-training
-evaluations (`eval/pass_at_1` in metrics.jsonl) and the training reward, and writes
-`smollm2_arithmetic_reward.png`, `smollm2_arithmetic_eval.png` and a Markdown table to `--out`.
+Each RUN_DIR is a finished `python -m jaxrl_async.train +experiment=NAME seed=S` run (one recipe,
+any seeds). The script scores the base model and each run's final export (`RUN_DIR/hf`) on the
+held-out split with `jaxrl_async.eval` (greedy pass@1, the run's max_new_tokens and engine.max_len,
+so a multi-turn task plays the same episodes), reads the in-training evaluations
+(`eval/pass_at_1` in metrics.jsonl) and the training reward, and writes `NAME_reward.png`,
+`NAME_eval.png` and `NAME.md` (a Markdown table) to `--out`.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from jaxrl_async.models.config import ModelSpec  # noqa: E402
 
 
 def held_out_pass_at_1(source: str, run: dict) -> float:
-    config = EvalConfig(model=ModelSpec(source=source), task=dict(run["task"]), max_new_tokens=run["max_new_tokens"])
+    config = EvalConfig(model=ModelSpec(source=source), task=dict(run["task"]), max_new_tokens=run["max_new_tokens"],
+                        max_len=run["engine"].get("max_len"))
     return evaluate(config)[0].greedy_pass_at_1
 
 
@@ -37,6 +39,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--name", default="smollm2_arithmetic", help="the recipe: names the files written")
+    parser.add_argument("--title", default="SmolLM2-135M, one-digit products")
     args = parser.parse_args()
     from omegaconf import OmegaConf
 
@@ -62,10 +66,10 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for seed, rewards, _ in curves:
         ax.plot(smooth(rewards), label=f"seed {seed}")
-    ax.set(xlabel="step", ylabel="training reward (5-step mean)", title="SmolLM2-135M, one-digit products")
+    ax.set(xlabel="step", ylabel="training reward (5-step mean)", title=args.title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out / "smollm2_arithmetic_reward.png", dpi=120)
+    fig.savefig(args.out / f"{args.name}_reward.png", dpi=120)
     fig, ax = plt.subplots(figsize=(6, 3.5))
     for seed, _, evals in curves:
         ax.plot(*zip(*evals), marker="o", label=f"seed {seed}")
@@ -73,17 +77,17 @@ def main() -> None:
            title="held-out pairs, scored on the engine during training")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(args.out / "smollm2_arithmetic_eval.png", dpi=120)
+    fig.savefig(args.out / f"{args.name}_eval.png", dpi=120)
 
     lines = ["| seed | held-out pass@1 before | after | run time (s) | max staleness | drops | audit |",
              "|---|---|---|---|---|---|---|"]
     lines += [f"| {s} | {b:.3f} | {a:.3f} | {t:.0f} | {m} | {d} | {'PASS' if ok else 'FAIL'} |"
               for s, b, a, t, m, d, ok in rows]
     table = "\n".join(lines)
-    (args.out / "smollm2_arithmetic.md").write_text(
-        "# SmolLM2-135M-Instruct on one-digit products (`+experiment=smollm2_arithmetic`)\n\n"
-        "Held-out: 24 pairs never trained on, greedy, last number of the answer; CPU, 2 cores.\n\n"
-        + table + "\n\n![reward](smollm2_arithmetic_reward.png)\n![eval](smollm2_arithmetic_eval.png)\n")
+    (args.out / f"{args.name}.md").write_text(
+        f"# {args.title} (`+experiment={args.name}`)\n\n"
+        "Held-out: the task's held-out split, never trained on, greedy, scored by the task; CPU, 2 cores.\n\n"
+        + table + f"\n\n![reward]({args.name}_reward.png)\n![eval]({args.name}_eval.png)\n")
     print(table)
 
 
