@@ -34,7 +34,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from bench_memory import max_rss_gib  # noqa: E402  benchmarks/, beside this script
+from bench_memory import max_rss_gib, split_overrides  # noqa: E402  benchmarks/, beside this script
 
 
 def run(experiment: str, run_dir: Path, seed: int, overrides: list[str]) -> None:
@@ -100,9 +100,7 @@ def table(full_name: str, lora_name: str, full: dict, lora: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", default="smollm2_arithmetic")
     parser.add_argument("--lora", default="smollm2_arithmetic_lora")

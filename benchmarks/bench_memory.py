@@ -124,10 +124,17 @@ def run_once(experiment: str, steps: int, overrides: list[str], root: Path) -> d
     }
 
 
-def main(argv: list[str] | None = None) -> None:
+def split_overrides(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """(the script's own arguments, the Hydra overrides after `--`) of `argv` (None: sys.argv)."""
     argv = sys.argv[1:] if argv is None else argv
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    if "--" not in argv:
+        return argv, []
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--experiment", default="smollm2_products12")
     parser.add_argument("--steps", type=int, default=5)
