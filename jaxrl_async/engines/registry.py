@@ -49,13 +49,16 @@ class EngineFacts:
     colocate: bool  # the replicas share the trainer's devices (time-shared)
     places_itself: bool  # takes the model as loaded and places itself: no mesh from the run
     speculation: SpeculationConfig | None = None  # its `engine.speculation.*` (None: it cannot speculate)
-    adapter_versions: int = 1  # LoRA adapter versions it keeps resident (> 1: "pinned" with LoRA)
+    adapter_versions: int = 1  # LoRA adapter versions it keeps resident at once
+    # With LoRA each request keeps the adapter version it was admitted on (pushes add versions,
+    # nothing drains or swaps under a request): the run's sync mode is then "pinned".
+    pins_adapters: bool = False
 
     def with_lora(self, lora: bool) -> EngineFacts:
-        """The facts of a run that trains LoRA (`lora`) or not: a backend keeping several adapter
-        versions resident generates "pinned" with LoRA (a push adds a version, nothing drains);
-        without LoRA every push is full weights and its configured sync mode stands."""
-        if lora and self.adapter_versions > 1:
+        """The facts of a run that trains LoRA (`lora`) or not: a backend that pins adapters
+        generates "pinned" with LoRA; without LoRA every push is full weights and its configured
+        sync mode stands."""
+        if lora and self.pins_adapters:
             return dataclasses.replace(self, sync_mode="pinned")
         return self
 
@@ -119,7 +122,8 @@ def build_engine(name: str, config: Any, loaded_model: Any, *, mesh: Any = None)
 def _jax_facts(config: EngineConfig) -> EngineFacts:
     return EngineFacts("num_slots", config.num_slots, config.kv_tokens, config.replicas,
                        config.tensor_parallel, config.sync_mode, config.colocate, places_itself=False,
-                       speculation=config.speculation, adapter_versions=config.adapter_versions)
+                       speculation=config.speculation, adapter_versions=config.adapter_versions,
+                       pins_adapters=config.adapter_versions > 1)  # K = 1 merges each push (partial)
 
 
 def _jax_check_model(config: EngineConfig, model: Any) -> None:
@@ -139,10 +143,11 @@ def _jax(config: EngineConfig, loaded: Any, mesh: Any) -> GenerationEngine:
 def _vllm_facts(config: VllmEngineConfig) -> EngineFacts:
     # vLLM sizes its KV cache from memory (kv_cache_memory_bytes), and places itself on
     # tensor_parallel_size GPUs in its own processes.
-    # With LoRA every push is one more resident adapter: requests keep the one they started with.
-    sync_mode = "pinned" if config.adapter_rank else config.sync_mode
-    return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, sync_mode,
-                       colocate=False, places_itself=True, speculation=config.speculation)
+    # With LoRA every push is one more vLLM adapter (`LoRARequest`): requests keep the one they
+    # started with, whatever max_loras is (vLLM schedules a request once its adapter fits).
+    return EngineFacts("max_num_seqs", config.max_num_seqs, None, 1, config.tensor_parallel_size, config.sync_mode,
+                       colocate=False, places_itself=True, speculation=config.speculation,
+                       adapter_versions=config.adapter_versions or 1, pins_adapters=True)
 
 
 def _vllm_check_model(config: VllmEngineConfig, model: Any) -> None:

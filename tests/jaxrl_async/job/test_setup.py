@@ -54,7 +54,18 @@ def test_the_vllm_engine_places_itself_and_sizes_its_own_cache():
     config = VllmEngineConfig(max_num_seqs=24, tensor_parallel_size=2, sync_mode="resubmit")
     assert ENGINES["vllm"].facts(config) == EngineFacts(
         slots_key="max_num_seqs", slots=24, kv_tokens=None, replicas=1, tensor_parallel=2, sync_mode="resubmit",
-        colocate=False, places_itself=True, speculation=config.speculation)
+        colocate=False, places_itself=True, speculation=config.speculation, pins_adapters=True)
+
+
+def test_pinned_is_one_rule_over_backends_lora_and_an_engine_that_pins_adapters():
+    """A run trains LoRA on an engine that pins adapters: sync mode "pinned"; either missing: its own."""
+    jax_k3, jax_k1 = EngineConfig(adapter_versions=3), EngineConfig()
+    vllm = VllmEngineConfig(sync_mode="resubmit", adapter_rank=8, adapter_versions=2)
+    cases = [(jax_k3, True, "pinned"), (jax_k3, False, "partial"), (jax_k1, True, "partial"),
+             (vllm, True, "pinned"), (vllm, False, "resubmit")]
+    for config, lora, mode in cases:
+        assert ENGINES[config.name].facts(config).with_lora(lora).sync_mode == mode, (config.name, lora)
+    assert ENGINES["vllm"].facts(vllm).adapter_versions == 2
 
 
 def test_the_default_run_reads_its_trace_and_placement_facts_from_the_jax_entry():
