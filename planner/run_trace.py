@@ -7,8 +7,10 @@ clock, earlier segments of a resumed run included (the runtime's `Controller.now
 
     {"event": "run", "t", "step", "policy", "max_staleness", "batch_groups", "group_size",
      "admission_window", "max_new_tokens",
-     "engine", "workers", "slots", "kv_tokens", "sync_mode", "colocated"}    each segment's start
+     "engine", "workers", "slots", "kv_tokens", "sync_mode", "adapter_versions", "colocated"}
+                                                                        each segment's start
         colocated: the engine runs on the trainer's devices (JAX engine, engine.colocate=true)
+        adapter_versions: with sync_mode "pinned" only, the adapter versions a worker holds at once
     {"event": "admit", "t", "uid", "attempt", "prompt_id", "prompt_tokens", "version"}
     {"event": "start", "t", "uid", "attempt", "version", "worker"}      first token streamed
     {"event": "finish", "t", "uid", "attempt", "lengths": [tokens per sample]}  last sample done
@@ -93,7 +95,7 @@ class LineKeys:
 LINES = {
     "run": LineKeys(("step", "group_size", "workers", "slots"),
                     ("policy", "max_staleness", "batch_groups", "admission_window", "max_new_tokens", "engine",
-                     "kv_tokens", "sync_mode", "colocated", "speculation")),
+                     "kv_tokens", "sync_mode", "adapter_versions", "colocated", "speculation")),
     "admit": LineKeys(("uid", "attempt", "prompt_id", "prompt_tokens", "version")),
     "start": LineKeys(("uid", "attempt", "version", "worker")),
     "finish": LineKeys(("uid", "attempt", "lengths")),

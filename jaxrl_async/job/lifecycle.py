@@ -133,7 +133,8 @@ class TrainJob:
                 pass
         try:
             result = await self.controller.run()
-            # engine.adapter_versions > 1: the resident versions and what the pushes did.
+            # An engine that pins adapters (jax with adapter_versions > 1, vllm with LoRA): the
+            # resident versions and what the pushes did.
             self._adapter_versions = (await self.controller.engine.stats()).extra.get("adapters")
             return result
         finally:

@@ -51,6 +51,8 @@ def trace_meta(setup: TrainSetup, placement: Placement | None = None) -> dict[st
             "engine": setup.engine_name,
             "workers": setup.engine_workers, "slots": facts.slots, "kv_tokens": facts.kv_tokens,
             "sync_mode": facts.sync_mode, "colocated": bool(colocated),
+            # pinned: the versions a worker holds at once (the simulator's resident_versions)
+            **({"adapter_versions": facts.adapter_versions} if facts.sync_mode == "pinned" else {}),
             **({"speculation": dataclasses.asdict(speculation)} if speculation is not None and speculation.enabled
                else {})}
 

@@ -249,6 +249,8 @@ def calibrate(run_dir: str | Path) -> dict[str, Any]:
         "compile_s": _round(decode_compile), "sync_mode": head.get("sync_mode", "partial")}
     if head.get("kv_tokens"):
         worker_keys["kv_capacity"] = int(head["kv_tokens"])
+    if worker_keys["sync_mode"] == "pinned" and head.get("adapter_versions"):
+        worker_keys["resident_versions"] = int(head["adapter_versions"])
     spec_lines = [e for e in speculating if not e.get("train")] if split else speculating
     tail_fit, tail_warnings = tail_terms(calibrate_tail.speculation(spec_lines or speculating, head, dec.coef, speed),
                                          calibrate_tail.migration(by["migrate"], prefill, speed), worker_keys)

@@ -67,6 +67,8 @@ def test_a_lora_run_on_vllm_pins_every_group_to_one_adapter_version_within_the_b
     assert report.steps == 4 and report.groups_trained == 8 and report.groups_dropped == 0 and not report.lost
     assert summary["completed"] and summary["audit_ok"] and summary["tokens_trained"] > 0
     assert summary["lora"]["rank"] == 8 and summary["lora"]["sync_mode"] == "pinned"
+    adapters = summary["adapter_versions"]  # vLLM's max_loras (max_staleness + 1) and the pushes it took
+    assert adapters["versions"] == ETA + 1 and adapters["pushes_pinned"] >= 1, adapters
     groups = [g for e in read_jsonl(run_dir / "ledger.jsonl") if e["event"] == "train" for g in e["groups"]]
     # Pinned: a group's tokens carry one version, the adapter it started on; pushes reached vLLM.
     assert all(len({v for v, _ in g["versions"]}) == 1 for g in groups), [g["versions"] for g in groups]

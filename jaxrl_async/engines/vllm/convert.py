@@ -176,6 +176,13 @@ class AdapterVersions:
             self.users[version] -= 1
         return self._idle()
 
+    def summary(self, versions: int) -> dict:
+        """EngineStats' and summary.json's `adapter_versions` (the JAX engine's keys where they mean
+        the same): `versions` (max_loras), the resident versions, the pushes each added as one
+        more version, and the versions removed once their last request ended."""
+        return {"versions": versions, "resident": sorted(self.users), "pushes_pinned": self.added,
+                "removed": self.removed}
+
     def _idle(self) -> list[int]:
         idle = [v for v, n in self.users.items() if n == 0 and v != self.newest]
         for v in idle:

@@ -147,9 +147,10 @@ class VllmEngine(GenerationEngine):
             **self.transport.engine_args(), **c.engine_args)
         if self._adapters is not None:
             args.update(lora_engine_args(c.adapter_rank, c.adapter_versions or 1))
-            if c.sync_mode != "partial" or c.transport != "memory":
-                log.warning("engine.sync_mode=%s / engine.transport=%s have no effect with LoRA: each push is one "
-                            "more vLLM adapter (sync mode pinned)", c.sync_mode, c.transport)
+            if c.sync_mode != "partial" or c.transport != "memory" or not c.recompute_kv:
+                log.warning("engine.sync_mode=%s / engine.transport=%s / engine.recompute_kv=%s have no effect with "
+                            "LoRA: each push is one more vLLM adapter and no request changes weights (sync mode "
+                            "pinned)", c.sync_mode, c.transport, c.recompute_kv)
         spec = speculative_config(c.speculation, c.max_num_seqs)
         if spec is not None:  # else vLLM's default (none), or what engine_args set
             args["speculative_config"] = spec
@@ -364,8 +365,7 @@ class VllmEngine(GenerationEngine):
             extra={"weight_push_s": list(self.update_timings),
                    "inflight_tokens": sum(s.received for s in self._segments.values()),
                    **({} if self._adapters is None else {
-                       "adapters_resident": sorted(self._adapters.users), "adapters_added": self._adapters.added,
-                       "adapters_removed": self._adapters.removed})})
+                       "adapters": self._adapters.summary(self.config.adapter_versions or 1)})})
 
     def _mark_busy(self) -> None:
         if self._busy_since is None:

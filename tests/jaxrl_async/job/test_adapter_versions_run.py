@@ -26,7 +26,7 @@ def test_a_pinned_lora_run_passes_the_audit_and_no_group_mixes_versions(tmp_path
     assert trained and all(len(g["versions"]) == 1 for g in trained), "a group mixed adapter versions"
     assert max(g["versions"][0][0] for g in trained) >= 1  # groups sampled on pushed adapters too
     run_line = next(line for line in read_jsonl(run_dir / "trace.jsonl") if line["event"] == "run")
-    assert run_line["sync_mode"] == "pinned"
+    assert (run_line["sync_mode"], run_line["adapter_versions"]) == ("pinned", 2)  # what calibrate reads as K
     counts = summary["adapter_versions"]
     assert counts["versions"] == 2 and len(counts["resident"]) == 2
     assert counts["pushes_pinned"] >= 4 and counts["pushes_waited"] >= 0

@@ -19,17 +19,18 @@ ALPHA, BETA, PREFILL, C0, C1, LAG, T_SYNC = 0.002, 1e-4, 5e-5, 0.05, 2e-5, 0.01,
 SPEEDS = (1.0, 0.5)
 
 
-def synthetic_run(run_dir, steps=12, *, colocated=None, slowdown=0.0, trainer_noise=0.0):
+def synthetic_run(run_dir, steps=12, *, colocated=None, slowdown=0.0, trainer_noise=0.0, engine_keys=None):
     """A trace whose every time follows the simulator's cost model exactly; with `slowdown`, it
     also has iterations during trainer steps whose decode part is (1 + slowdown)× slower, and
     `colocated` goes into the `run` line (None: left out, as in traces before the field); with
-    `trainer_noise`, each trainer step takes up to that many seconds more, at random."""
+    `trainer_noise`, each trainer step takes up to that many seconds more, at random; `engine_keys`
+    replace the `run` line's sync mode (and add its keys)."""
     run_dir.mkdir()
     rng, noise = np.random.default_rng(0), np.random.default_rng(1)
     w = TraceWriter(run_dir / "trace.jsonl")
     w.write("run", 0.0, step=0, policy="lookahead", max_staleness=1, batch_groups=4, group_size=2,
             admission_window=8, max_new_tokens=8, engine="jax", workers=2, slots=16, kv_tokens=2048,
-            sync_mode="partial", **({} if colocated is None else {"colocated": colocated}))
+            **(engine_keys or {"sync_mode": "partial"}), **({} if colocated is None else {"colocated": colocated}))
     t = 0.0
     for k in range(steps):
         calls = []
@@ -96,6 +97,14 @@ def test_an_engine_on_its_own_devices_gets_no_slowdown(tmp_path, colocated):
     assert cal["sim"]["workers"]["colocated_slowdown"] == 0.0
     assert cal["fit"]["colocation"]["fitted"] is False and cal["fit"]["colocation"]["lines_in_steps"] == 12 * 6
     assert cal["fit"]["decode"]["rms_s"] > 1e-4  # every iteration fitted alike: the slowed ones do not fit
+
+
+def test_a_pinned_runs_resident_adapter_versions_become_the_simulators_resident_versions(tmp_path):
+    pinned = calibrate(synthetic_run(tmp_path / "pinned", engine_keys={"sync_mode": "pinned", "adapter_versions": 3}))
+    assert (pinned["sim"]["workers"]["sync_mode"], pinned["sim"]["workers"]["resident_versions"]) == ("pinned", 3)
+    assert build(SimConfig, pinned["sim"], "sim").workers.resident_versions == 3
+    partial = calibrate(synthetic_run(tmp_path / "partial"))
+    assert "resident_versions" not in partial["sim"]["workers"]
 
 
 def test_nnls_keeps_every_coefficient_non_negative():

@@ -127,11 +127,11 @@ def test_a_request_in_flight_keeps_its_adapter_across_a_push_and_a_new_one_gets_
     assert after.token_ids == _greedy(h.models[2], PROMPT, 8) != _greedy(h.models[1], PROMPT, 8)
 
     async def settled():  # v1's removal runs once its last request has ended
-        while (await h.engine.stats()).extra["adapters_resident"] != [2]:
+        while (await h.engine.stats()).extra["adapters"]["resident"] != [2]:
             await asyncio.sleep(0.01)
-        return (await h.engine.stats()).extra
-    extra = h.run(settled(), timeout=30)
-    assert (extra["adapters_added"], extra["adapters_removed"]) == (2, 1)
+        return (await h.engine.stats()).extra["adapters"]
+    adapters = h.run(settled(), timeout=30)
+    assert (adapters["pushes_pinned"], adapters["removed"]) == (2, 1)
     assert set(h.run(h.engine._llm.list_loras())) == {3}  # v2's lora_int_id alone
     assert sorted(p.name for p in h.engine.adapter_dir.iterdir()) == ["v2"]
 
