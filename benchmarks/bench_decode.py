@@ -34,8 +34,9 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_async.engines.jax.steps import engine_decode_steps
+from jaxrl_async.models.attention import init_cache
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import Transformer, inference_weights, init_cache
+from jaxrl_async.models.transformer import Transformer, inference_weights
 
 SHAPES = {
     # Big enough that a CPU step is not all dispatch overhead, small enough for 2 cores.

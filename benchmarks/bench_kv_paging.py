@@ -45,8 +45,9 @@ from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.engine import make_core
 from jaxrl_async.engines.jax.paged_attention import IMPLEMENTATIONS, init_paged_cache, kernel_for
 from jaxrl_async.engines.jax.steps import engine_decode_steps
+from jaxrl_async.models.attention import init_cache
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import Transformer, inference_weights, init_cache
+from jaxrl_async.models.transformer import Transformer, inference_weights
 
 decode = jax.jit(engine_decode_steps, static_argnums=(0, 1, 2), static_argnames="kernel", donate_argnums=4)
 

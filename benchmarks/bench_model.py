@@ -1,9 +1,9 @@
 """The bare model against an earlier revision of itself, side by side in one process.
 
-`jaxrl_async/models/transformer.py` at `--baseline` (a git revision) is imported as a second
-module, both models get the same parameters, and the runs alternate so that both see the same
-machine load (CPU timings on a shared machine drift by 2x within a minute; only medians of
-interleaved runs compare). Measured, per model:
+The model's modules (`jaxrl_async/models/` transformer.py and the rope.py and attention.py it
+imports) at `--baseline` (a git revision) are imported as a second copy, both models get the
+same parameters, and the runs alternate so that both see the same machine load (CPU timings on
+a shared machine drift by 2x within a minute; only medians of interleaved runs compare). Measured, per model:
 jitted gradient of the summed next-token log-probs (what the train step differentiates) at
 `--rows` x `--seq` on a small random model (the shape of `bench_train_step.py`), and its forward
 alone. (Generation is measured end to end by `bench_engine.py`.) Prints medians, the ratio baseline / current, and the largest output difference between the two.
@@ -31,20 +31,34 @@ from jaxrl_async.models import transformer as current
 from jaxrl_async.models.config import ModelConfig
 from train_shape import add_train_shape_args, train_shape_config  # benchmarks/, beside this script
 
-MODEL_FILE = "jaxrl_async/models/transformer.py"
+# The model's modules under jaxrl_async/models/, each after those it imports. Revisions before
+# rope.py and attention.py were split out of transformer.py hold transformer.py alone.
+MODEL_MODULES = ("rope", "attention", "transformer")
 
 
 def import_revision(rev: str, tmp: str):
-    """The model module as it was at git revision `rev`."""
+    """The model (its transformer module) as it was at git revision `rev`.
+
+    Each of MODEL_MODULES that `rev` has is imported as `baseline_<name>`, its imports of the
+    others rewritten to their baseline copies, so the baseline runs its own RoPE and attention,
+    not the working tree's."""
     root = Path(__file__).resolve().parents[1]
-    source = subprocess.run(["git", "show", f"{rev}:{MODEL_FILE}"], cwd=root, check=True,
-                            capture_output=True, text=True).stdout
-    path = Path(tmp) / "baseline_transformer.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location("baseline_transformer", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
+    module, loaded = None, []
+    for name in MODEL_MODULES:
+        shown = subprocess.run(["git", "show", f"{rev}:jaxrl_async/models/{name}.py"], cwd=root,
+                               check=name == "transformer", capture_output=True, text=True)
+        if shown.returncode != 0:
+            continue  # not split out of transformer.py yet at `rev`
+        source = shown.stdout
+        for dep in loaded:
+            source = source.replace(f"from jaxrl_async.models.{dep} import", f"from baseline_{dep} import")
+        path = Path(tmp) / f"baseline_{name}.py"
+        path.write_text(source)
+        spec = importlib.util.spec_from_file_location(f"baseline_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        loaded.append(name)
     return module
 
 

@@ -79,8 +79,9 @@ def step_costs(args) -> None:
     from bench_decode import SHAPES, bucket, decode, slot_inputs
 
     from jaxrl_async.engines.jax.speculative import engine_speculate
+    from jaxrl_async.models.attention import init_cache
     from jaxrl_async.models.config import ModelConfig
-    from jaxrl_async.models.transformer import Transformer, inference_weights, init_cache
+    from jaxrl_async.models.transformer import Transformer, inference_weights
 
     cfg = ModelConfig(**SHAPES[args.shape])
     model = Transformer(cfg, rngs=nnx.Rngs(0))

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxrl_async.models.transformer import KVCache
+from jaxrl_async.models.attention import KVCache
 
 MESH_AXES = ("data", "fsdp", "tensor")
 

@@ -10,7 +10,7 @@ import importlib
 _HOMES = {
     "ModelConfig": "config", "MODELS": "loading", "LoadedModel": "loading", "load_model": "loading",
     "save_hf": "hf_weights", "to_hf_state_dict": "hf_weights",
-    "KVCache": "transformer", "Transformer": "transformer", "init_cache": "transformer",
+    "KVCache": "attention", "Transformer": "transformer", "init_cache": "attention",
 }
 __all__ = sorted(_HOMES)
 

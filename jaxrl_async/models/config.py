@@ -4,7 +4,7 @@ One frozen dataclass describes every supported model; `from_hf` reads a Hugging 
 `config.json` dict and `tiny` makes a small random model for tests and demos. `ModelSpec` is
 the `model=` group: which model `load_model` (loading.py) loads. No JAX here: `--help` reads it. To support another
 architecture, add its `model_type` to `_ARCH_FLAGS` with the flags that distinguish it, and teach
-`transformer.py` whatever it needs that the flags cannot express.
+`transformer.py` (or `rope.py`, `attention.py`) whatever it needs that the flags cannot express.
 """
 
 from __future__ import annotations

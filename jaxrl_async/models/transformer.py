@@ -1,8 +1,9 @@
 """Decoder-only LM for the Llama / Qwen2 / Qwen3 family, in Flax NNX.
 
-Read top to bottom: RoPE tables, RMSNorm, the KV cache, attention (GQA, optional Qwen biases
-and q/k norm), SwiGLU MLP, one decoder layer, the remat policies of the layer scan, the
-`Transformer`, and the generation forward.
+Read top to bottom: RMSNorm, SwiGLU MLP, one decoder layer (GQA attention with optional Qwen
+biases and q/k norm), the parameters, the remat policies of the layer scan, the `Transformer`,
+and the generation forward. RoPE is models/rope.py; the attention and the KV cache are
+models/attention.py.
 
 Two layouts of the same parameters, for two jobs:
 - training / scoring (`Transformer.__call__`): layer parameters stacked along a leading `layers`
@@ -17,8 +18,8 @@ Every parameter declares its logical axes once, as Variable metadata (`logical_a
 Numerics follow transformers' Llama: RMSNorm in float32 then cast back, RoPE with the
 rotate-half layout, softmax in float32. Attention scores are accumulated in float32
 (transformers keeps them in the activation dtype), which only matters for bfloat16. Attention
-and the SwiGLU MLP have hand-written gradients that recompute rather than save (see `attention`
-and `mlp`).
+and the SwiGLU MLP have hand-written gradients that recompute rather than save (see
+models/attention.py `attention` and `mlp` here).
 
 Deliberately left out: sliding-window attention, MoE, attention/logit soft-capping.
 """
@@ -28,115 +29,22 @@ from __future__ import annotations
 import math
 from functools import partial
 
-import flax
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
-from jax.ad_checkpoint import checkpoint_name
 
+from jaxrl_async.models.attention import ATTN_LSE, ATTN_OUT, causal_attend
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.lora import LoraAdapter, ResidentAdapters, TokenAdapters, adapter_output, merge_layers
+from jaxrl_async.models.rope import apply_rope, rope_cos_sin
 
 # Logical axis names used in `logical_axes` metadata (see jaxrl_async/sharding.py).
 LAYERS, VOCAB, EMBED, HEADS, KV_HEADS, HEAD_DIM, MLP = (
     "layers", "vocab", "embed", "heads", "kv_heads", "head_dim", "mlp")
 
-# The attention's output and log-sum-exp, named with `checkpoint_name` for REMAT_POLICIES.
-ATTN_OUT, ATTN_LSE = "attn_out", "attn_lse"
-
 
 def _dtype(cfg: ModelConfig) -> jnp.dtype:
     return jnp.dtype(cfg.dtype)
-
-
-# ----------------------------------------------------------------------------------- RoPE
-
-
-def rope_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
-    """Inverse frequencies [D/2] and the attention factor of cos/sin, for the static rope types.
-
-    Follows transformers' `modeling_rope_utils` (default, linear, llama3, yarn); `dynamic`
-    depends on the sequence length and is handled in `rope_cos_sin`.
-    """
-    d, base = cfg.head_dim, cfg.rope_theta
-    exponents = np.arange(0, d, 2, dtype=np.float32) / d
-    inv_freq = (1.0 / base ** exponents).astype(np.float32)
-    rope, kind = cfg.rope_scaling or {}, cfg.rope_type
-    if kind in ("default", "dynamic"):
-        return inv_freq, 1.0
-    if kind == "linear":
-        return inv_freq / np.float32(rope["factor"]), 1.0
-    if kind == "llama3":
-        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
-        old_len = rope["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        scaled = np.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        return np.where(medium, smoothed, scaled).astype(np.float32), 1.0
-    if kind == "yarn":
-        return _yarn_inv_freq(cfg, exponents)
-    raise ValueError(f"rope_type={kind!r} has no inverse-frequency rule")
-
-
-def _yarn_inv_freq(cfg: ModelConfig, exponents: np.ndarray) -> tuple[np.ndarray, float]:
-    """YaRN (Peng et al. 2023): interpolate low frequencies, keep high ones, scale attention."""
-    rope, d, base = cfg.rope_scaling, cfg.head_dim, cfg.rope_theta
-    factor = rope["factor"]
-    original = rope.get("original_max_position_embeddings") or cfg.max_position_embeddings
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attention_factor = rope.get("attention_factor")
-    if attention_factor is None:
-        if rope.get("mscale") and rope.get("mscale_all_dim"):
-            attention_factor = mscale(factor, rope["mscale"]) / mscale(factor, rope["mscale_all_dim"])
-        else:
-            attention_factor = mscale(factor)
-
-    def correction_dim(rotations: float) -> float:
-        return d * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low = correction_dim(rope.get("beta_fast") or 32)
-    high = correction_dim(rope.get("beta_slow") or 1)
-    if rope.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, d - 1)
-    if low == high:
-        high += 0.001
-    ramp = np.clip((np.arange(d // 2, dtype=np.float32) - low) / (high - low), 0, 1)
-    extrapolation = 1 - ramp
-    pos_freqs = base ** exponents
-    inv_freq = (1 / (factor * pos_freqs)) * (1 - extrapolation) + (1 / pos_freqs) * extrapolation
-    return inv_freq.astype(np.float32), float(attention_factor)
-
-
-def rope_cos_sin(cfg: ModelConfig, positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """cos, sin [B, T, D] (float32) for integer positions [B, T]."""
-    inv_freq, attention_factor = rope_inv_freq(cfg)
-    inv_freq = jnp.asarray(inv_freq)  # [D/2]
-    if cfg.rope_type == "dynamic":
-        # Dynamic NTK: past the trained length, grow the base with the longest position seen
-        # in this call (transformers' `dynamic_rope_update` does the same per forward).
-        d, factor = cfg.head_dim, cfg.rope_scaling["factor"]
-        max_len = cfg.rope_scaling.get("original_max_position_embeddings") or cfg.max_position_embeddings
-        seq_len = jnp.maximum(jnp.max(positions) + 1, max_len).astype(jnp.float32)
-        base = cfg.rope_theta * ((factor * seq_len / max_len) - (factor - 1)) ** (d / (d - 2))
-        inv_freq = 1.0 / base ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d)
-    freqs = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-    emb = jnp.concatenate([freqs, freqs], axis=-1)  # [B, T, D]
-    return jnp.cos(emb) * attention_factor, jnp.sin(emb) * attention_factor
-
-
-def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """x [B, T, H, D] rotated by cos/sin [B, T, D] (rotate-half layout, as in HF checkpoints)."""
-    half = x.shape[-1] // 2
-    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
-    cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
-    return x * cos + rotated * sin
 
 
 # -------------------------------------------------------------------------------- RMSNorm
@@ -149,155 +57,7 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
     return weight * x32.astype(x.dtype)
 
 
-# ------------------------------------------------------------------------------ KV cache
-
-
-@flax.struct.dataclass
-class KVCache:
-    """Keys and values of every layer, one array per layer; row b is one sequence (an engine slot).
-
-    Keys are kept transposed, [B, Hkv, D, S], and values as [B, Hkv, S, D]: both attention
-    products of a decode step (q.k^T and p.v) then read their cache operand as a plain [K, N]
-    matrix, with no per-step transpose of the cache (which cost XLA:CPU as much as the layer's
-    matmuls). One array per layer rather than one [L, ...] array: slicing a layer out of a
-    stacked array inside the compiled step copied it.
-    """
-
-    k: tuple[jax.Array, ...]  # L x [B, Hkv, D, S]
-    v: tuple[jax.Array, ...]  # L x [B, Hkv, S, D]
-
-
-def init_cache(cfg: ModelConfig, batch: int, max_len: int, dtype=None) -> KVCache:
-    """An all-zero cache for `batch` rows of `max_len` positions (dtype defaults to cfg.dtype)."""
-    b, kv, d, dtype = batch, cfg.num_kv_heads, cfg.head_dim, jnp.dtype(dtype or cfg.dtype)
-    return KVCache(k=tuple(jnp.zeros((b, kv, d, max_len), dtype) for _ in range(cfg.num_layers)),
-                   v=tuple(jnp.zeros((b, kv, max_len, d), dtype) for _ in range(cfg.num_layers)))
-
-
-def write_kv(kt: jax.Array, v: jax.Array, k_new: jax.Array, v_new: jax.Array, rows: jax.Array,
-             positions: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Write k_new/v_new [..., Hkv, D] at (rows, positions) (index arrays of shape [...]) of one
-    layer's cache (kt [B, Hkv, D, S], v [B, Hkv, S, D]); out-of-range rows or positions are dropped
-    (padding)."""
-    kt = kt.at[rows, :, :, positions].set(k_new.astype(kt.dtype), mode="drop")
-    v = v.at[rows, :, positions].set(v_new.astype(v.dtype), mode="drop")
-    return kt, v
-
-
-# ----------------------------------------------------------------------------- attention
-
-
-def _q_heads(q: jax.Array, kv_heads: int) -> jax.Array:
-    """q [B, T, H, D] -> [B, K, G*T, D] (GQA, G = H / K): the groups fold into the query axis, so
-    every attention matmul below is a plain batched [M, K] x [K, N] product."""
-    b, t, h, d = q.shape
-    return q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4).reshape(b, kv_heads, -1, d)
-
-
-def _from_heads(o: jax.Array, t: int) -> jax.Array:
-    """[B, K, G*T, D] -> [B, T, K*G, D]."""
-    b, kv_heads, gt, d = o.shape
-    return o.reshape(b, kv_heads, gt // t, t, d).transpose(0, 3, 1, 2, 4).reshape(b, t, -1, d)
-
-
-def _masked_scores(qh: jax.Array, kt: jax.Array, mask: jax.Array) -> jax.Array:
-    """float32 scores [B, K, G*T, S]; masked entries hold the float32 minimum."""
-    b, kv_heads, gt, d = qh.shape
-    scores = jnp.matmul(qh, kt, preferred_element_type=jnp.float32) / math.sqrt(d)
-    scores = scores.reshape(b, kv_heads, gt // mask.shape[1], *mask.shape[1:])  # [B, K, G, T, S]
-    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-    return scores.reshape(b, kv_heads, gt, -1)
-
-
-@jax.custom_vjp
-def attention(q: jax.Array, kt: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query attention. q [B, T, H, D]; kt [B, K, D, S]; v [B, K, S, D]; mask [B, T, S]
-    -> [B, T, H, D].
-
-    Keys arrive transposed and values heads-major (the KV cache's layout), so only the small
-    per-token tensors are ever transposed, never the [T, S] scores (XLA:CPU transposed those
-    element by element). Softmax in float32. The gradient is hand-written (as in FlashAttention,
-    Dao et al. 2022): the backward pass recomputes the probabilities from q, k and the
-    log-sum-exp instead of saving [B, H, T, S] tensors per layer.
-    """
-    return _attention_fwd(q, kt, v, mask)[0]
-
-
-def _attention_fwd(q, kt, v, mask):
-    qh = _q_heads(q, kt.shape[1])
-    scores = _masked_scores(qh, kt, mask)
-    top = jnp.max(scores, axis=-1, keepdims=True)
-    exp = jnp.exp(scores - top)
-    total = jnp.sum(exp, axis=-1, keepdims=True)
-    out = jnp.matmul((exp / total).astype(v.dtype), v)  # [B, K, G*T, D]
-    lse = top + jnp.log(total)  # [B, K, G*T, 1]
-    # Named for REMAT_POLICIES: with these two kept, a rematerialised layer's backward pass does
-    # not recompute the quadratic forward above (the backward recomputes the scores regardless).
-    out, lse = checkpoint_name(out, ATTN_OUT), checkpoint_name(lse, ATTN_LSE)
-    return _from_heads(out, q.shape[1]), (q, kt, v, mask, out, lse)
-
-
-def _attention_bwd(res, d_out):
-    q, kt, v, mask, out, lse = res
-    qh, d_oh = _q_heads(q, kt.shape[1]), _q_heads(d_out, kt.shape[1])  # [B, K, G*T, D]
-    probs = jnp.exp(_masked_scores(qh, kt, mask) - lse)  # [B, K, G*T, S] f32
-    d_probs = jnp.matmul(d_oh, jnp.swapaxes(v, -1, -2), preferred_element_type=jnp.float32)
-    delta = jnp.sum(d_oh.astype(jnp.float32) * out.astype(jnp.float32), axis=-1, keepdims=True)
-    d_scores = (probs * (d_probs - delta) / math.sqrt(q.shape[-1])).astype(q.dtype)
-    dq = _from_heads(jnp.matmul(d_scores, jnp.swapaxes(kt, -1, -2)), q.shape[1])
-    dkt = jnp.matmul(jnp.swapaxes(qh, -1, -2), d_scores)  # [B, K, D, S]
-    dv = jnp.swapaxes(jnp.matmul(jnp.swapaxes(d_oh, -1, -2), probs.astype(v.dtype)), -1, -2)
-    return dq, dkt, dv, None
-
-
-attention.defvjp(_attention_fwd, _attention_bwd)
-
-
-def causal_attend(segments: jax.Array | None = None):
-    """Self-attention among the T tokens of each row: causal by index, and only within a segment.
-
-    segments [B, T] int32 (None: one segment per row) lets a row hold several packed prompts:
-    a token attends to the earlier tokens of its own segment only. Right padding only sees real
-    tokens before it. Returns an `attend` for `decoder_layer` whose aux is the layer's (k, v).
-    """
-
-    def attend(q, k, v):
-        t = q.shape[1]
-        mask = jnp.arange(t)[None, :] <= jnp.arange(t)[:, None]  # [T, T]
-        if segments is None:
-            mask = jnp.broadcast_to(mask, (q.shape[0], t, t))
-        else:
-            mask = mask & (segments[:, :, None] == segments[:, None, :])
-        out = attention(q, k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3), mask)
-        return out, (k, v)
-
-    return attend
-
-
-def cached_attend(kt: jax.Array, v: jax.Array, positions: jax.Array, length: int | None = None,
-                  write_positions: jax.Array | None = None):
-    """Attention against one layer's KV cache (kt [B, K, D, S], v [B, K, S, D]).
-
-    Token (b, t) is written at cache index write_positions[b, t] of row b (default: its
-    position; indices past the end are dropped, which is how a caller skips a row's write), then
-    a query at position p attends to indices j <= p of its own row only. Index p is always
-    written before a query at p reads it, so stale values past a sequence's position are never
-    read. `length` (static, <= S) reads only indices [0, length) of the cache: a decode step whose
-    positions are all < length costs what a `length`-token context costs, not S. Returns an
-    `attend` whose aux is the updated (kt, v).
-    """
-    write_positions = positions if write_positions is None else write_positions
-    length = kt.shape[-1] if length is None else length
-
-    def attend(q, k, v_new):
-        rows = jnp.broadcast_to(jnp.arange(q.shape[0])[:, None], positions.shape)
-        new_kt, new_v = write_kv(kt, v, k, v_new, rows, write_positions)
-        live_kt, live_v = new_kt[..., :length], new_v[:, :, :length]  # [B, K, D, L], [B, K, L, D]
-        mask = jnp.arange(length)[None, None, :] <= positions[:, :, None]  # [B, T, L]
-        out = attention(q, live_kt.astype(q.dtype), live_v.astype(q.dtype), mask)
-        return out, (new_kt, new_v)
-
-    return attend
+# ---------------------------------------------------------------------------------- layer
 
 
 def dense(x: jax.Array, w: jax.Array, in_axes: int = 1) -> jax.Array:
@@ -362,8 +122,9 @@ def decoder_layer(cfg: ModelConfig, p: dict, x: jax.Array, cos: jax.Array, sin: 
     """One pre-norm block. x [B, T, E]; p holds this layer's parameters (no layer axis).
 
     `attend(q [B, T, H, D], k, v [B, T, K, D]) -> (out [B, T, H, D], aux)` is the attention
-    (`causal_attend` or `cached_attend`); returns (x, aux). `lora` (generation only, no gradient):
-    resident adapters applied unmerged per token (`adapted_dense`); None runs the weights alone.
+    (models/attention.py `causal_attend` or `cached_attend`); returns (x, aux). `lora`
+    (generation only, no gradient): resident adapters applied unmerged per token
+    (`adapted_dense`); None runs the weights alone.
     """
     h = rms_norm(x, p["attn_norm"], cfg.rms_norm_eps)  # [B, T, E]
     q = adapted_dense(h, p, "wq", lora)  # [B, T, H, D]

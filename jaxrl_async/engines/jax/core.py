@@ -63,9 +63,9 @@ from jaxrl_async.engines.jax.scheduler import RequestQueue, SlotSequence
 from jaxrl_async.engines.jax.slots import LiveRequests, Slots
 from jaxrl_async.engines.jax.speculator import Speculator
 from jaxrl_async.engines.jax.weights import accept_params
+from jaxrl_async.models.attention import KVCache, init_cache
 from jaxrl_async.models.config import ModelConfig
 from jaxrl_async.models.lora import LoraAdapter, check_adapter
-from jaxrl_async.models.transformer import KVCache, init_cache
 from jaxrl_async.sharding import cache_shardings, param_shardings
 
 

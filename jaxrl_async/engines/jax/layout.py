@@ -22,8 +22,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxrl_async.engines.jax import steps
+from jaxrl_async.models.attention import KVCache
 from jaxrl_async.models.lora import LoraAdapter, merge_layers
-from jaxrl_async.models.transformer import KVCache, inference_weights
+from jaxrl_async.models.transformer import inference_weights
 
 
 def generation_copy(params: dict) -> dict:

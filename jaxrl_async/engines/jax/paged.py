@@ -60,8 +60,8 @@ from jaxrl_async.engines.jax.packing import PackedRow
 from jaxrl_async.engines.jax.paged_attention import init_paged_cache, kernel_for
 from jaxrl_async.engines.jax.paging import PageTables
 from jaxrl_async.engines.jax.scheduler import SlotSequence
+from jaxrl_async.models.attention import KVCache
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import KVCache
 
 
 @dataclass

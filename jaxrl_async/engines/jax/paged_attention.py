@@ -1,7 +1,7 @@
 """Decode attention over a paged KV cache: an XLA gather path and a Pallas kernel.
 
 The paged cache (`init_paged_cache`) keeps each layer's keys as [P pages, Hkv, D, page_size] and
-values as [P, Hkv, page_size, D] — the contiguous cache's layout (transformer.KVCache) with the
+values as [P, Hkv, page_size, D] — the contiguous cache's layout (attention.KVCache) with the
 batch axis replaced by pages and the sequence axis cut into pages. A slot's page table row
 [n] names the pages of its positions [0, n * page_size).
 
@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
+from jaxrl_async.models.attention import KVCache, attention, write_kv
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import KVCache, attention, write_kv
 
 
 def init_paged_cache(cfg: ModelConfig, pages: int, page_size: int, dtype=None) -> KVCache:
@@ -91,7 +91,7 @@ def pallas_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, table
     assert t == 1, f"pallas_attention decodes one token per slot, got T={t}"
     kv, ps, n = k_pages.shape[1], k_pages.shape[-1], table.shape[1]
     g = h // kv
-    qh = q.reshape(s, kv, g, d)  # heads k*G + g, as transformer._q_heads groups them
+    qh = q.reshape(s, kv, g, d)  # heads k*G + g, as attention._q_heads groups them
     # The query rows of a kv head padded to a power of two >= 16: Triton's dot needs both.
     rows = max(16, 1 << (g - 1).bit_length())
     qh = jnp.pad(qh, ((0, 0), (0, 0), (0, rows - g), (0, 0)))

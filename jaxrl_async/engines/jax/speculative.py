@@ -47,8 +47,9 @@ import numpy as np
 from flax import struct
 
 from jaxrl_async.engines.jax import sampling
+from jaxrl_async.models.attention import KVCache, cached_attend
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import KVCache, cached_attend, forward_layers, inference_logits
+from jaxrl_async.models.transformer import forward_layers, inference_logits
 
 
 def ngram_draft(history: list[int], ngram: int, k: int) -> list[int]:

@@ -29,8 +29,8 @@ from jaxrl_async.engines.jax import speculative
 from jaxrl_async.engines.jax.config import EngineConfig
 from jaxrl_async.engines.jax.scheduler import SlotSequence
 from jaxrl_async.engines.jax.slots import LiveRequests, Slots
+from jaxrl_async.models.attention import KVCache
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import KVCache
 
 
 class Speculator:

@@ -35,9 +35,9 @@ from flax import struct
 
 from jaxrl_async.engines.jax import sampling
 from jaxrl_async.engines.jax.paged_attention import paged_attend
+from jaxrl_async.models.attention import KVCache, cached_attend, causal_attend, write_kv
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import (KVCache, cached_attend, causal_attend, forward_layers,
-                                            inference_logits, write_kv)
+from jaxrl_async.models.transformer import forward_layers, inference_logits
 
 
 def engine_prefill(cfg: ModelConfig, weights: dict, cache: KVCache, tokens: jax.Array,

@@ -7,7 +7,7 @@ import numpy as np
 
 from jaxrl_async.engines.jax.paged_attention import (gather_attention, kernel_for, paged_attend,
                                                      pallas_attention)
-from jaxrl_async.models.transformer import attention, write_kv
+from jaxrl_async.models.attention import attention, write_kv
 
 S, H, K, D, PS, PAGES = 3, 6, 2, 8, 4, 16  # 3 query heads per kv head: padded to 16 rows
 

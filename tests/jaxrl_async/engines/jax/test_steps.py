@@ -6,8 +6,9 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_async.engines.jax.steps import engine_decode, engine_decode_steps
+from jaxrl_async.models.attention import init_cache
 from jaxrl_async.models.config import ModelConfig
-from jaxrl_async.models.transformer import Transformer, inference_weights, init_cache
+from jaxrl_async.models.transformer import Transformer, inference_weights
 
 CFG = ModelConfig.tiny()
 decode_steps = jax.jit(engine_decode_steps, static_argnums=(0, 1, 2))
