@@ -78,6 +78,13 @@ def run(variant: Variant, experiment: str, run_dir: Path, seed: int) -> None:
     print(f"{variant.name}: {time.monotonic() - t0:.0f} s", flush=True)
 
 
+def end_of_run_drops(run_dir: Path) -> int:
+    """The ledger's drops with reason `end_of_run`: groups still sampling when the last step ended,
+    which every policy leaves (a strict policy's staleness drops are the rest)."""
+    lines = (json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines() if line.strip())
+    return sum(1 for e in lines if e.get("event") == "drop" and e.get("reason") == "end_of_run")
+
+
 def read(variant: Variant, run_dir: Path) -> dict:
     from omegaconf import OmegaConf
 
@@ -97,7 +104,7 @@ def read(variant: Variant, run_dir: Path) -> dict:
                 mean_staleness=sum(a * t for a, t in hist.items()) / tokens, max_staleness=max(hist),
                 # How far the trained policy had moved from the one that sampled: the largest
                 # importance weight π_θ/π_behaviour of each step (what CISPO caps and M2PO masks).
-                is_weight_max=[r["train/is_weight_max"] for r in records])
+                is_weight_max=[r["train/is_weight_max"] for r in records], end_of_run=end_of_run_drops(run_dir))
 
 
 def report(rows: list[dict], experiment: str, base: float, out: Path) -> str:
@@ -114,14 +121,14 @@ def report(rows: list[dict], experiment: str, base: float, out: Path) -> str:
     fig.savefig(out / f"{experiment}_compare.png", dpi=120)
 
     lines = ["| policy | loss | η | held-out pass@1 (before → after) | reward, last 10 steps | wall time (s) "
-             "| steps/h | max staleness | mean staleness | largest IS weight (median / max of steps) | drops | audit |",
+             "| steps/h | max staleness | mean staleness | largest IS weight (median / max of steps) | drops (at the run's end) | audit |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         v, s = row["variant"], row["summary"]
         lines.append(f"| {v.policy} | {v.loss} | {v.eta} | {base:.3f} → {row['final']:.3f} | {row['last_reward']:.3f} "
                      f"| {s['elapsed_s']:.0f} | {3600 * s['steps'] / s['elapsed_s']:.0f} | {row['max_staleness']} "
                      f"| {row['mean_staleness']:.2f} | {statistics.median(row['is_weight_max']):.3f} / "
-                     f"{max(row['is_weight_max']):.3f} | {s['groups_dropped']} | {'PASS' if s.get('audit_ok') else 'FAIL'} |")
+                     f"{max(row['is_weight_max']):.3f} | {s['groups_dropped']} ({row['end_of_run']}) | {'PASS' if s.get('audit_ok') else 'FAIL'} |")
     return "\n".join(lines)
 
 
@@ -148,7 +155,7 @@ def main() -> None:
     (args.out / f"{args.experiment}_compare.md").write_text(
         f"# Policies and losses on `+experiment={args.experiment}` (seed {args.seed}, CPU, 2 cores)\n\n"
         "Held-out pass@1: greedy, the run's final export scored by `jaxrl_async.eval`. Staleness: over "
-        "trained tokens. Drops and audit: the run's summary.json (`python -m planner.audit`).\n\n"
+        "trained tokens. Drops and audit: the run's summary.json (`python -m planner.audit`); in parentheses the drops of groups still sampling at the run's end (ledger reason `end_of_run`).\n\n"
         + table + f"\n\n![curves]({args.experiment}_compare.png)\n")
     print(table)
 
