@@ -155,7 +155,8 @@ def main() -> None:
     (args.out / f"{args.experiment}_compare.md").write_text(
         f"# Policies and losses on `+experiment={args.experiment}` (seed {args.seed}, CPU, 2 cores)\n\n"
         "Held-out pass@1: greedy, the run's final export scored by `jaxrl_async.eval`. Staleness: over "
-        "trained tokens. Drops and audit: the run's summary.json (`python -m planner.audit`); in parentheses the drops of groups still sampling at the run's end (ledger reason `end_of_run`).\n\n"
+        "trained tokens. Drops and audit: the run's summary.json (`python -m planner.audit`); in "
+        "parentheses the drops of groups still sampling at the run's end (ledger reason `end_of_run`).\n\n"
         + table + f"\n\n![curves]({args.experiment}_compare.png)\n")
     print(table)
 
