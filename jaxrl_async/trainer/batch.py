@@ -27,6 +27,10 @@ class TrainBatch:
     rewards: jax.Array  # [N] float32, one scalar reward per trajectory
     group_ids: jax.Array  # [N] int32, samples of one prompt share an id >= 0; -1 = padding row
     ref_logprobs: jax.Array | None = None  # [N, T] float32, reference policy, for the KL term
+    # Static (part of the jit key, not an array): every row has at most this many loss-masked
+    # tokens, and the loss computes the LM head only at that many positions a row
+    # (trainer/step.py `sequence_logprobs`); 0 = at every position.
+    scored_width: int = struct.field(pytree_node=False, default=0)
 
     @property
     def num_rows(self) -> int:
@@ -59,6 +63,14 @@ def bucket_length(length: int, buckets: Sequence[int] | None = None, min_len: in
         if b >= length:
             return b
     raise ValueError(f"sequence length {length} exceeds the largest bucket {max(buckets)} (buckets={list(buckets)})")
+
+
+def scored_width(loss_mask: np.ndarray, seq_len: int, min_width: int = 8) -> int:
+    """How many positions a row the loss reads: the most loss-masked tokens of any row, rounded up
+    to a power of two from `min_width` (so that a run compiles the step for a few widths, not one
+    per batch); 0 (every position) when that is not fewer than the seq_len - 1 predicted ones."""
+    width = bucket_length(int((loss_mask > 0).sum(axis=1).max(initial=0)), min_len=min_width)
+    return width if width < seq_len - 1 else 0
 
 
 def pad_batch(
@@ -106,4 +118,4 @@ def pad_batch(
         rewards[i] = s.reward
         group_ids[i] = s.group_id
     return TrainBatch(tokens=tokens, loss_mask=mask, behaviour_logprobs=behaviour,
-                      rewards=rewards, group_ids=group_ids)
+                      rewards=rewards, group_ids=group_ids, scored_width=scored_width(mask, seq_len))

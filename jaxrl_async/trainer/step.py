@@ -102,9 +102,19 @@ def model_inputs(params: Params, frozen: Params | None, cfg: TrainerConfig) -> t
     return frozen, LoraAdapter(params, cfg.lora.scale)
 
 
+def scored_positions(loss_mask: jax.Array, width: int) -> jax.Array:
+    """loss_mask [B, P] -> [B, width] int32: per row, the positions whose mask is > 0, in order,
+    then the first unmasked ones to fill the width. A stable sort of "unmasked" puts the masked
+    positions first; the indices of a row are distinct, so scattering values back to them writes
+    each position at most once. Requires width >= the most masked positions of any row
+    (`batch.scored_width`)."""
+    return jnp.argsort(loss_mask <= 0, axis=1, stable=True)[:, :width].astype(jnp.int32)
+
+
 def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
                       compute_dtype: str = "float32", remat: str = "none",
-                      logits_chunk: int = 0, adapter: LoraAdapter | None = None) -> tuple[jax.Array, jax.Array]:
+                      logits_chunk: int = 0, adapter: LoraAdapter | None = None,
+                      scored_mask: jax.Array | None = None, scored_width: int = 0) -> tuple[jax.Array, jax.Array]:
     """Per-token log-prob of tokens[:, t] given tokens[:, :t], and the entropy of that prediction.
 
     tokens [B, T] int32 -> (logprobs [B, T] f32, entropy [B, T] f32); column 0 (no prefix) is 0.
@@ -112,16 +122,32 @@ def sequence_logprobs(graphdef: nnx.GraphDef, params: Params, tokens: jax.Array,
     `logits_chunk` (`TrainerConfig.logits_chunk`) > 0 computes the logits that many tokens at a
     time (`chunked_token_stats`), which changes the memory and roundoff only. `adapter` (LoRA) is
     merged into the layers' weights as the layer scan reaches them.
+
+    `scored_mask` [B, T] with `scored_width` W > 0 (`TrainBatch.loss_mask`, `.scored_width`): only
+    the positions where the mask is > 0 are needed, so the LM head runs at W positions a row
+    (`scored_positions`) instead of T - 1, and the other positions hold 0, or the log-prob of a
+    position that filled the width. The LM head is the largest matmul and its [B, T, V] logits the
+    largest temporaries of a step: where the prompt is most of a row (the SmolLM2 recipes: 44
+    prompt and 8 completion tokens), this cuts both by T / W (docs/memory.md). The masked
+    positions' values are the full computation's up to float roundoff.
     """
     model = nnx.merge(graphdef, cast_floats(params, compute_dtype))
     adapter = None if adapter is None else cast_floats(adapter, compute_dtype)
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1], dtype=jnp.int32), tokens.shape)
+    hidden = model.hidden_states(tokens, positions, remat=remat, adapter=adapter)[:, :-1]  # [B, T-1, E]
+    targets = tokens[:, 1:]  # the prediction at position t is of token t + 1
+    if scored_width:
+        index = scored_positions(scored_mask[:, 1:], scored_width)  # [B, W]
+        hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)
+        targets = jnp.take_along_axis(targets, index, axis=1)
     if logits_chunk:
-        hidden = model.hidden_states(tokens, positions, remat=remat, adapter=adapter)  # [B, T, E]
-        token_logp, entropy = chunked_token_stats(hidden[:, :-1], model.head(), tokens[:, 1:], logits_chunk)
+        token_logp, entropy = chunked_token_stats(hidden, model.head(), targets, logits_chunk)
     else:
-        logits = model(tokens, positions, remat=remat, adapter=adapter)  # [B, T, V] f32
-        token_logp, entropy = _token_stats(logits[:, :-1], tokens[:, 1:])  # [B, T-1]
+        token_logp, entropy = _token_stats(project_logits(hidden, model.head()), targets)
+    if scored_width:
+        rows = jnp.arange(tokens.shape[0])[:, None]
+        unscored = jnp.zeros((tokens.shape[0], tokens.shape[1] - 1), jnp.float32)
+        token_logp, entropy = (unscored.at[rows, index].set(x) for x in (token_logp, entropy))
     pad = ((0, 0), (1, 0))
     return jnp.pad(token_logp, pad), jnp.pad(entropy, pad)
 
@@ -140,15 +166,16 @@ def _split_rows(tree: Any, k: int) -> Any:
 
 
 def _m2po_trusted_rows(graphdef: nnx.GraphDef, params: Params, micro: dict, cfg: TrainerConfig,
-                       adapter: LoraAdapter | None) -> jax.Array:
+                       adapter: LoraAdapter | None, scored_width: int) -> jax.Array:
     """M2PO's whole-batch trust region (`losses.m2po_trusted`), a [k, N/k, T] mask.
 
     The trust region is a statistic of the whole batch's log(pi_prox / mu), so with several
     micro-batches one no-grad forward of each comes first (the cut-off does not depend on row
     order, so the split rows serve as they are)."""
-    prox = jax.lax.map(lambda tokens: sequence_logprobs(graphdef, params, tokens, cfg.compute_dtype,
-                                                        logits_chunk=cfg.logits_chunk, adapter=adapter)[0],
-                       micro["tokens"])  # [k, N/k, T]
+    prox = jax.lax.map(lambda mb: sequence_logprobs(graphdef, params, mb[0], cfg.compute_dtype,
+                                                    logits_chunk=cfg.logits_chunk, adapter=adapter,
+                                                    scored_mask=mb[1], scored_width=scored_width)[0],
+                       (micro["tokens"], micro["metric_weights"]))  # [k, N/k, T]
     mask = micro["metric_weights"] > 0
     log_ratio = jnp.where(mask, jax.lax.stop_gradient(prox) - micro["behaviour_logprobs"], 0.0)
     return m2po_trusted(log_ratio, mask, cfg.loss.m2_threshold)
@@ -167,12 +194,13 @@ def accumulate_gradients(graphdef: nnx.GraphDef, params: Params, batch: TrainBat
     micro = _split_rows(rows, cfg.num_microbatches)
     if cfg.loss.off_policy == "m2po" and cfg.num_microbatches > 1:
         model_params, adapter = model_inputs(params, frozen, cfg)
-        micro["m2_trusted"] = _m2po_trusted_rows(graphdef, model_params, micro, cfg, adapter)
+        micro["m2_trusted"] = _m2po_trusted_rows(graphdef, model_params, micro, cfg, adapter, batch.scored_width)
 
     def micro_loss(p: Params, mb: dict) -> tuple[jax.Array, dict]:
         model_params, adapter = model_inputs(p, frozen, cfg)
         logprobs, entropy = sequence_logprobs(graphdef, model_params, mb["tokens"], cfg.compute_dtype, cfg.remat,
-                                              cfg.logits_chunk, adapter=adapter)
+                                              cfg.logits_chunk, adapter=adapter,
+                                              scored_mask=mb["metric_weights"], scored_width=batch.scored_width)
         terms = {k: v for k, v in mb.items() if k != "tokens"}
         return policy_loss(logprobs, cfg=cfg.loss, entropy=entropy, **terms)
 
