@@ -19,7 +19,8 @@ Hydra overrides (e.g. `-- trainer.remat=none` to measure without a recipe's choi
 TRL side by side: `--trl-python PATH` (the TRL venv's python, benchmarks/bench_trl.py's docstring
 says how it is made) then runs TRL 1.16's `GRPOTrainer` on the same recipe (the same prompts in the
 same order, the same steps) under `/usr/bin/time -v` after the project's runs, one run at a time,
-and prints one table: project vs TRL peak RSS, median step seconds, wall seconds.
+and prints one table: project vs TRL peak RSS, median step seconds, wall seconds
+(`--trl-no-gradient-checkpointing`: TRL without GRPOConfig's default gradient checkpointing).
 """
 
 from __future__ import annotations
@@ -156,7 +157,9 @@ def side_by_side(ours: list[dict], trl: dict) -> str:
     for i, r in enumerate(ours):
         lines.append(f"| jaxrl-async (run {i}; step = train_s) | {r['peak_rss_gib']:.2f} | "
                      f"{r['step_s_median']:.2f} | {r['wall_s']:.0f} |")
-    lines.append(f"| TRL {trl['versions']['trl']} GRPOTrainer (step = generation + train) | "
+    checkpointing = "on" if trl["gradient_checkpointing"] else "off"
+    lines.append(f"| TRL {trl['versions']['trl']} GRPOTrainer (step = generation + train; gradient "
+                 f"checkpointing {checkpointing}) | "
                  f"{trl['peak_rss_gib']:.2f} | {trl['step_s_median']:.2f} | {trl['wall_s']:.0f} |")
     return "\n".join(lines)
 
@@ -171,6 +174,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="append a row to this markdown table")
     parser.add_argument("--trl-python", type=Path, default=None,
                         help="then run TRL's GRPOTrainer on the same recipe with this python (bench_trl.py)")
+    parser.add_argument("--trl-no-gradient-checkpointing", action="store_true",
+                        help="TRL's side without GRPOConfig's default gradient_checkpointing=True")
     args = parser.parse_args(argv)
     if args.trl_python is not None and overrides:
         raise SystemExit(f"bench_memory: --trl-python with overrides {overrides}: the TRL side runs the recipe "
@@ -193,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.trl_python is not None:
         from bench_trl import measure, summary_line  # beside this file; imports no TRL itself
 
-        trl = measure(args.experiment, args.steps, args.trl_python)
+        trl = measure(args.experiment, args.steps, args.trl_python, not args.trl_no_gradient_checkpointing)
         print(summary_line("trl", trl, args.steps))
         if args.out is not None:
             table_row(args.out, "trl", args.experiment, args.steps, "trl GRPOTrainer", trl)

@@ -67,6 +67,7 @@ _NUMBER = re.compile(r"-?\d+")
 
 def compose_recipe(experiment: str):
     """The recipe's typed config, composed as `python -m jaxrl_async.train +experiment=E` does."""
+    sys.path.insert(0, str(REPO))  # this checkout's project, not another one installed editable
     from jaxrl_async.cli.config_nodes import register_config_nodes
     from jaxrl_async.cli.help import CONF_DIR
     from jaxrl_async.job.setup import typed_config
@@ -161,6 +162,7 @@ def measure(experiment: str, steps: int, trl_python: Path, gradient_checkpointin
         "cpu_s": cpu_seconds(timing),
         "load": os.getloadavg()[0],
         "reward_mean": result["reward_mean"],
+        "gradient_checkpointing": gradient_checkpointing,
         "versions": result["versions"],
     }
 
@@ -276,7 +278,6 @@ def main(argv: list[str] | None = None) -> dict | None:
     if args.child is not None:
         child(args.child, not args.no_gradient_checkpointing)
         return None
-    sys.path.insert(0, str(REPO))  # this checkout's project, not another one installed editable
     if args.steps < 2:
         raise SystemExit(f"bench_trl: --steps={args.steps}: must be >= 2 (the first step is not timed)")
     r = measure(args.experiment, args.steps, args.trl_python, not args.no_gradient_checkpointing)

@@ -37,11 +37,13 @@ def test_overrides_with_trl_python_are_refused_as_not_the_same_run(tmp_path):
 def test_the_side_by_side_table_has_a_row_per_project_run_then_trls(tmp_path):
     run = {"peak_rss_gib": 6.65, "step_s_median": 12.6, "step_s_range": (12.0, 27.8), "wall_s": 300.0,
            "cpu_s": 500.0, "load": 5.2}
-    trl = {**run, "peak_rss_gib": 3.42, "step_s_median": 63.3, "versions": {"trl": "1.16.0"}}
+    trl = {**run, "peak_rss_gib": 3.42, "step_s_median": 63.3, "versions": {"trl": "1.16.0"},
+           "gradient_checkpointing": False}
     table = bench_memory.side_by_side([run, run], trl).splitlines()
     assert table[0] == "| trainer | peak RSS GiB | step s median | wall s |" and len(table) == 5
     assert table[2].startswith("| jaxrl-async (run 0") and "| 6.65 | 12.60 | 300 |" in table[2]
     assert table[4].startswith("| TRL 1.16.0 GRPOTrainer") and "| 3.42 | 63.30 | 300 |" in table[4]
+    assert "gradient checkpointing off" in table[4]
     out = tmp_path / "memory.md"
     bench_memory.table_row(out, "main", "smollm2_products12", 5, "", run)
     bench_memory.table_row(out, "trl", "smollm2_products12", 5, "trl GRPOTrainer", trl)
