@@ -16,11 +16,11 @@ memory they measure). It prints, per run:
 and appends one row to `--out` (a markdown table) when given. `--` passes the rest to the run as
 Hydra overrides (e.g. `-- trainer.remat=none` to measure without a recipe's choice).
 
-TRL side by side: the issue's reference figure (TRL 1.16 `GRPOTrainer` on the same recipe: 4.5 GiB)
-was measured with `/usr/bin/time -v` around a `GRPOTrainer` script; `trl` is not a dependency of
-this project, so this script does not run it. To compare, run that script under
-`/usr/bin/time -v` on the same machine right after this one and read its "Maximum resident set
-size" the same way (`max_rss_gib` below parses it).
+TRL side by side: `--trl-python PATH` (the TRL venv's python, benchmarks/bench_trl.py's docstring
+says how it is made) then runs TRL 1.16's `GRPOTrainer` on the same recipe (the same prompts in the
+same order, the same steps) under `/usr/bin/time -v` after the project's runs, one run at a time,
+and prints one table: project vs TRL peak RSS, median step seconds, wall seconds
+(`--trl-no-gradient-checkpointing`: TRL without GRPOConfig's default gradient checkpointing).
 """
 
 from __future__ import annotations
@@ -49,6 +49,11 @@ def max_rss_gib(time_v_output: str) -> float:
     if found is None:
         raise ValueError("no 'Maximum resident set size' in the /usr/bin/time -v output")
     return int(found.group(1)) * 1024 / GIB
+
+
+def cpu_seconds(time_v_output: str) -> float:
+    """`/usr/bin/time -v`'s user + system seconds."""
+    return sum(float(v) for _, v in CPU.findall(time_v_output))
 
 
 def vm_rss(pid: int) -> int | None:
@@ -111,7 +116,7 @@ def run_once(experiment: str, steps: int, overrides: list[str], root: Path) -> d
         raise SystemExit(f"bench_memory: the run failed (exit {proc.returncode}):\n{err[-3000:]}")
     metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     train_s = [m["train_s"] for m in metrics if "train_s" in m][1:]  # the first step compiles
-    cpu = sum(float(v) for _, v in CPU.findall(err))
+    cpu = cpu_seconds(err)
     shutil.rmtree(run_dir)  # its checkpoints and export: ~2 GB a run of SmolLM2
     return {
         "peak_rss_gib": max_rss_gib(err),
@@ -133,6 +138,32 @@ def split_overrides(argv: list[str] | None) -> tuple[list[str], list[str]]:
     return argv[:cut], argv[cut + 1:]
 
 
+def table_row(out: Path, label: str, experiment: str, steps: int, overrides: str, r: dict) -> None:
+    """Append one run's row to the markdown table `out` (its header first when it is new)."""
+    lo, hi = r["step_s_range"]
+    new = not out.exists()
+    with out.open("a") as fh:
+        if new:
+            fh.write("| label | experiment | steps | overrides | peak RSS GiB | step s median (range) "
+                     "| wall s | CPU s | load |\n|---|---|---|---|---|---|---|---|---|\n")
+        fh.write(f"| {label} | {experiment} | {steps} | {overrides} | {r['peak_rss_gib']:.2f} | "
+                 f"{r['step_s_median']:.2f} ({lo:.2f}-{hi:.2f}) | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | "
+                 f"{r['load']:.1f} |\n")
+
+
+def side_by_side(ours: list[dict], trl: dict) -> str:
+    """One table: each of the project's runs, then TRL's, on the same recipe and steps."""
+    lines = ["| trainer | peak RSS GiB | step s median | wall s |", "|---|---|---|---|"]
+    for i, r in enumerate(ours):
+        lines.append(f"| jaxrl-async (run {i}; step = train_s) | {r['peak_rss_gib']:.2f} | "
+                     f"{r['step_s_median']:.2f} | {r['wall_s']:.0f} |")
+    checkpointing = "on" if trl["gradient_checkpointing"] else "off"
+    lines.append(f"| TRL {trl['versions']['trl']} GRPOTrainer (step = generation + train; gradient "
+                 f"checkpointing {checkpointing}) | "
+                 f"{trl['peak_rss_gib']:.2f} | {trl['step_s_median']:.2f} | {trl['wall_s']:.0f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv, overrides = split_overrides(argv)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -141,10 +172,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--label", default="")
     parser.add_argument("--out", type=Path, default=None, help="append a row to this markdown table")
+    parser.add_argument("--trl-python", type=Path, default=None,
+                        help="then run TRL's GRPOTrainer on the same recipe with this python (bench_trl.py)")
+    parser.add_argument("--trl-no-gradient-checkpointing", action="store_true",
+                        help="TRL's side without GRPOConfig's default gradient_checkpointing=True")
     args = parser.parse_args(argv)
+    if args.trl_python is not None and overrides:
+        raise SystemExit(f"bench_memory: --trl-python with overrides {overrides}: the TRL side runs the recipe "
+                         "as composed, so it would not be the same run")
+    if args.trl_python is not None and not args.trl_python.exists():
+        raise SystemExit(f"bench_memory: --trl-python {args.trl_python} does not exist (bench_trl.py's docstring)")
+    ours = []
     with tempfile.TemporaryDirectory(prefix="bench_memory_") as root:
         for i in range(args.repeat):
             r = run_once(args.experiment, args.steps, overrides, Path(root))
+            ours.append(r)
             lo, hi = r["step_s_range"]
             print(f"[{args.label or 'run'} {i}] peak RSS {r['peak_rss_gib']:.2f} GiB; step {r['step_s_median']:.2f} s "
                   f"median ({lo:.2f}-{hi:.2f}) over {args.steps - 1} steps; wall {r['wall_s']:.0f} s, "
@@ -152,14 +194,15 @@ def main(argv: list[str] | None = None) -> None:
             for name, gib in r["timeline"]:
                 print(f"    {name:24s} peak {gib:.2f} GiB")
             if args.out is not None:
-                new = not args.out.exists()
-                with args.out.open("a") as fh:
-                    if new:
-                        fh.write("| label | experiment | steps | overrides | peak RSS GiB | step s median (range) "
-                                 "| wall s | CPU s | load |\n|---|---|---|---|---|---|---|---|---|\n")
-                    fh.write(f"| {args.label} | {args.experiment} | {args.steps} | {' '.join(overrides)} | "
-                             f"{r['peak_rss_gib']:.2f} | {r['step_s_median']:.2f} ({lo:.2f}-{hi:.2f}) | "
-                             f"{r['wall_s']:.0f} | {r['cpu_s']:.0f} | {r['load']:.1f} |\n")
+                table_row(args.out, args.label, args.experiment, args.steps, " ".join(overrides), r)
+    if args.trl_python is not None:
+        from bench_trl import measure, summary_line  # beside this file; imports no TRL itself
+
+        trl = measure(args.experiment, args.steps, args.trl_python, not args.trl_no_gradient_checkpointing)
+        print(summary_line("trl", trl, args.steps))
+        if args.out is not None:
+            table_row(args.out, "trl", args.experiment, args.steps, "trl GRPOTrainer", trl)
+        print(side_by_side(ours, trl))
 
 
 if __name__ == "__main__":
