@@ -32,6 +32,7 @@ from typing import Any
 
 import jax
 
+from jaxrl_async import host_memory
 from jaxrl_async.cluster.distributed import initialize_distributed
 from jaxrl_async.cluster.lockstep import follow
 from jaxrl_async.job.build import Components, build_components
@@ -187,6 +188,7 @@ class TrainJob:
             if parts.recorder is not None:
                 parts.recorder.dump(self.run_dir / "policy_events.jsonl")
             parts.checkpointer.close()  # the last save is on disk (or its disk error raises here)
+            host_memory.trim()  # what the save freed, before the export copies the weights
         extra: dict[str, Any] = {"placement": placement_summary(self.setup, parts.placement)}
         if controller.last_eval is not None:
             extra["eval"] = controller.last_eval

@@ -25,6 +25,7 @@ import numpy as np
 from flax import nnx, serialization
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jaxrl_async import host_memory
 from jaxrl_async.models.lora import TARGETS, LoraAdapter, init_adapter, rank_limit
 from jaxrl_async.models.transformer import EMBED, LAYERS
 from jaxrl_async.sharding import RULES, batch_sharding, logical_sharding, param_shardings
@@ -234,6 +235,7 @@ class Trainer:
         """One optimizer update; returns the step's metrics as floats (see `train_step`)."""
         while self._lent:  # the buffers this step donates are read no more (`lend`)
             self._lent.pop(0)()
+        host_memory.trim()  # what the save's encoding and the engine's steps freed (docs/memory.md)
         lr = float(self._schedule(self._version))
         self._params, self._opt_state, metrics = self._train_step(
             self._graphdef, self._params, self._opt_state, self._place(batch),
