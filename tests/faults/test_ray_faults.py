@@ -29,6 +29,7 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 from jaxrl_async.job.lifecycle import TrainJob  # noqa: E402
 from jaxrl_async.job.setup import typed_config  # noqa: E402
 from tests.helpers.train_runs import StepProbe, compose_train, read_jsonl, run_within  # noqa: E402
+from tests.helpers.worker_signals import SignalOnFreshRequest  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")
 ETA = 1
@@ -76,35 +77,20 @@ class _Progress:
 def test_a_stopped_ray_worker_is_found_by_its_own_deadline_while_the_run_goes_on(tmp_path: Path, caplog):
     job = TrainJob(typed_config(compose_train(RUN)), tmp_path)
     proxy = job.controller.engine
-    stopped: list[dict[str, object]] = []
-
-    def stop_a_busy_worker(record: dict) -> None:
-        """After step 1 (the compile is over), SIGSTOP the busiest worker, once."""
-        if stopped or record["step"] < 1:
-            return
-        alive = [w for w in proxy.workers if w.alive]
-        worker = max(alive, key=lambda w: len(w.live))
-        stopped.append({"pid": worker.pid, "t": time.time(), "run_s": job.controller.now(),
-                        "requests": sorted(worker.live)})
-        os.kill(worker.pid, signal.SIGSTOP)
-
-    job.controller.sinks.append(StepProbe(stop_a_busy_worker))
+    # After step 1 (the compile is over), SIGSTOP the worker handed the next new request
+    # (tests/helpers/worker_signals.py): the run needs that request, so the stop is certain to cost
+    # the worker its deadline, however fast the machine.
+    stopper = SignalOnFreshRequest(proxy, signal.SIGSTOP, clock=job.controller.now)
+    job.controller.sinks.append(StepProbe(lambda record: stopper.arm() if record["step"] >= 1 else None))
     caplog.set_level(logging.WARNING, logger="jaxrl_async.cluster.ray")
     t0 = time.monotonic()
-    try:
-        with _Progress(job.controller) as progress:
-            summary = run_within(job, BOUND_S)
-    finally:
-        for s in stopped:  # never leave a stopped process behind, whatever happened
-            try:
-                os.kill(s["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+    with stopper, _Progress(job.controller) as progress:
+        summary = run_within(job, BOUND_S)
     run_s = time.monotonic() - t0
     print("deadlines:", {k: round(proxy.deadlines.timeout_s(k), 2) for k in ("poll", "submit", "update_weights")})
 
-    assert stopped, "no worker was stopped"
-    pid, t_stop = stopped[0]["pid"], stopped[0]["t"]
+    assert stopper.pid is not None, "no worker was handed a request after step 1: nothing was stopped"
+    pid, t_stop = stopper.pid, stopper.t
     found = [r for r in caplog.records if f"(pid {pid}) did not answer" in r.getMessage()]
     assert found, [r.getMessage() for r in caplog.records]
     stall_s = found[0].created - t_stop
@@ -115,7 +101,7 @@ def test_a_stopped_ray_worker_is_found_by_its_own_deadline_while_the_run_goes_on
     # policy may want the stopped worker's group in its next batch): groups admitted after the
     # stop were generated, by the other worker, and finished before it was found (trace.jsonl,
     # in run seconds: the stop's run time plus the stall).
-    run_stop, run_found = stopped[0]["run_s"], stopped[0]["run_s"] + stall_s
+    run_stop, run_found = stopper.run_s, stopper.run_s + stall_s
     trace = read_jsonl(tmp_path / "trace.jsonl")
     admitted_after = {e["uid"] for e in trace if e["event"] == "admit" and e["t"] > run_stop}
     finished = [e["uid"] for e in trace if e["event"] == "finish" and e["uid"] in admitted_after
@@ -128,9 +114,9 @@ def test_a_stopped_ray_worker_is_found_by_its_own_deadline_while_the_run_goes_on
     admits = [e["uid"] for e in ledger if e["event"] == "admit"]
     trained = [g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]]
     assert sorted(trained) == sorted(set(admits)), "an admitted prompt was not trained exactly once"
-    held = {int(r.split(".")[0]) for r in stopped[0]["requests"]}
+    held = {int(r.split(".")[0]) for r in stopper.held}
     readmitted = {uid for uid in admits if admits.count(uid) >= 2}
-    assert readmitted <= held, (readmitted, held)
+    assert readmitted and readmitted <= held, (readmitted, stopper.requests, held)
     assert summary["completed"] and summary["audit_ok"] and summary["groups_dropped"] == 0
     assert len(trained) == 2 * STEPS
 

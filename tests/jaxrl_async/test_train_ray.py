@@ -25,6 +25,7 @@ from jaxrl_async.job.lifecycle import TrainJob  # noqa: E402
 from jaxrl_async.job.setup import typed_config  # noqa: E402
 from planner.ledger_audit import audit  # noqa: E402
 from tests.helpers.train_runs import StepProbe, compose_train, read_jsonl, run_within  # noqa: E402
+from tests.helpers.worker_signals import SignalOnFreshRequest  # noqa: E402
 
 ADDRESS = os.environ.get("RAY_ADDRESS", "local")
 ETA = 1
@@ -60,31 +61,17 @@ def test_a_ray_run_trains_every_group_once_within_the_bound(tmp_path):
 
 
 def test_a_killed_generation_worker_costs_no_group_and_keeps_the_bound(tmp_path):
+    # The worker is killed the moment it is handed a new request after step 0
+    # (tests/helpers/worker_signals.py): that request is certainly unfinished, so it is lost.
     job = _job(tmp_path)
     proxy = job.controller.engine
-    kills: list[dict[str, object]] = []
+    killer = SignalOnFreshRequest(proxy, signal.SIGKILL)
+    job.controller.sinks.append(StepProbe(lambda record: killer.arm()))
+    with killer:
+        summary = run_within(job, 300)
 
-    def kill_a_busy_worker(record: dict) -> None:
-        """After a step, SIGKILL the busiest worker (three kills at most).
-
-        A request whose last poll answer is already on the wire survives its worker's death, so
-        one kill can happen to lose nothing; three kills make that vanishingly unlikely. Any step
-        may kill: with a fast engine, workers are often idle when a step ends.
-        """
-        if len(kills) >= 3:
-            return
-        busy = [w for w in proxy.workers if w.alive and w.live]
-        if busy:
-            worker = max(busy, key=lambda w: len(w.live))
-            kills.append({"pid": worker.pid, "step": record["step"], "requests": sorted(worker.live)})
-            os.kill(worker.pid, signal.SIGKILL)
-
-    job.controller.sinks.append(StepProbe(kill_a_busy_worker))
-    summary = job.run()
-
-    assert kills, "no step ended with a worker holding requests: nothing was killed"
-    killed = {"kills": kills}
-    held = {int(r.split(".")[0]) for k in kills for r in k["requests"]}
+    assert killer.pid is not None, "no worker was handed a request after step 0: nothing was killed"
+    held = {int(r.split(".")[0]) for r in killer.held}
     ledger = read_jsonl(tmp_path / "ledger.jsonl")
     admits = [e["uid"] for e in ledger if e["event"] == "admit"]
     trained = [g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]]
@@ -92,7 +79,7 @@ def test_a_killed_generation_worker_costs_no_group_and_keeps_the_bound(tmp_path)
     # deliver a group it finished), and each was trained exactly once.
     lost_uids = {uid for uid in admits if admits.count(uid) >= 2}
     readmissions = sum(admits.count(uid) - 1 for uid in lost_uids)
-    assert lost_uids and lost_uids <= held, (killed, admits)
+    assert lost_uids and lost_uids <= held, (killer.requests, killer.held, admits)
     assert all(trained.count(uid) == 1 for uid in lost_uids)
     assert summary["groups_readmitted"] == readmissions
     _assert_strict_and_complete(tmp_path, summary)
@@ -100,37 +87,19 @@ def test_a_killed_generation_worker_costs_no_group_and_keeps_the_bound(tmp_path)
 
 
 def test_a_stopped_generation_worker_is_found_by_its_rpc_timeout_replaced_and_costs_no_group(tmp_path, caplog):
-    # One token per engine call: generation is slow enough that workers usually hold requests at
-    # a step's end (a stopped worker that holds none still has to be found and replaced).
+    # One token per engine call, and the worker is stopped the moment it is handed a new request
+    # after step 0 (tests/helpers/worker_signals.py): the run needs that request, so only the
+    # worker's missed deadline lets it finish, however fast the machine.
     job = _job(tmp_path, ("cluster.rpc_timeout_s=5", "engine.decode_steps_per_call=1"))
     proxy = job.controller.engine
-    stopped: list[dict[str, object]] = []
-
-    def stop_a_busy_worker(record: dict) -> None:
-        """After a step, SIGSTOP the busiest worker (once; by step 2 an idle one): its process
-        lives on, answering nothing."""
-        if stopped:
-            return
-        alive = [w for w in proxy.workers if w.alive]
-        busy = [w for w in alive if w.live] or (alive if record["step"] >= 2 else [])
-        if busy:
-            worker = max(busy, key=lambda w: len(w.live))
-            stopped.append({"pid": worker.pid, "step": record["step"], "requests": sorted(worker.live)})
-            os.kill(worker.pid, signal.SIGSTOP)
-
-    job.controller.sinks.append(StepProbe(stop_a_busy_worker))
+    stopper = SignalOnFreshRequest(proxy, signal.SIGSTOP)
+    job.controller.sinks.append(StepProbe(lambda record: stopper.arm()))
     caplog.set_level(logging.WARNING, logger="jaxrl_async.cluster.ray")
-    try:
+    with stopper:
         summary = run_within(job, 300)  # a proxy that waits on the stopped worker wedges the run: fail, not hang
-    finally:
-        for s in stopped:  # never leave a stopped process behind, whatever happened
-            try:
-                os.kill(s["pid"], signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
-    assert stopped, "no worker was stopped"
-    pid = stopped[0]["pid"]
+    assert stopper.pid is not None, "no worker was handed a request after step 0: nothing was stopped"
+    pid = stopper.pid
     timeouts = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
     assert any(f"(pid {pid}) did not answer" in m and "within" in m for m in timeouts), timeouts
     # Out of service at once; its replacement loads and compiles a model, which may outlast this
@@ -141,11 +110,12 @@ def test_a_stopped_generation_worker_is_found_by_its_rpc_timeout_replaced_and_co
     ledger = read_jsonl(tmp_path / "ledger.jsonl")
     admits = [e["uid"] for e in ledger if e["event"] == "admit"]
     trained = [g["uid"] for e in ledger if e["event"] == "train" for g in e["groups"]]
-    held = {int(r.split(".")[0]) for r in stopped[0]["requests"]}
+    held = {int(r.split(".")[0]) for r in stopper.held}
     lost_uids = {uid for uid in admits if admits.count(uid) >= 2}
-    # What the worker still held when it was found out went to the fault path: usually what it
-    # held at the SIGSTOP, fewer when a poll's answer was already on its way (its pieces arrived).
+    # What the worker held when it was found out went to the fault path: what it held at the
+    # SIGSTOP and what was routed to it before it was suspect, less what a poll answer already on
+    # its way delivered. The request it was stopped on was certainly unfinished.
     (went,) = [int(m.split("its ")[1].split(" requests")[0]) for m in timeouts if f"(pid {pid})" in m]
-    assert lost_uids <= held and len(lost_uids) == went, (stopped, admits, timeouts)
+    assert lost_uids and lost_uids <= held and len(lost_uids) == went, (stopper.requests, stopper.held, admits, timeouts)
     assert all(trained.count(uid) == 1 for uid in lost_uids)
     _assert_strict_and_complete(tmp_path, summary)
