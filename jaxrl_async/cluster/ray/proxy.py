@@ -281,10 +281,13 @@ class RayEngineProxy(GenerationEngine):
 
         async def stop_one(w: _Worker) -> None:
             if w in live:
+                timeout_s = min(self.deadlines.timeout_s("stop"), self.deadlines.floor_s)
                 try:
-                    await asyncio.wait_for(w.actor.stop.remote(),
-                                           min(self.deadlines.timeout_s("stop"), self.deadlines.floor_s))
-                except Exception:  # noqa: BLE001 - dead, hung or failing: it is killed below either way
+                    await asyncio.wait_for(w.actor.stop.remote(), timeout_s)
+                except asyncio.TimeoutError:  # a worker that hung at the run's end is named, not hidden
+                    log.warning("generation worker %d (pid %d) did not answer stop within %g s (hung or stopped): "
+                                "killed", w.index, w.pid, timeout_s)
+                except Exception:  # noqa: BLE001 - dead or failing: it is killed below either way
                     pass
             self.actors.kill(w.actor)
 

@@ -8,6 +8,7 @@ requests go to the healthy one. The real-process case is tests/faults/test_ray_f
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -107,6 +108,25 @@ def test_stats_and_a_weight_push_do_not_wait_for_a_stopped_worker():
     assert healthy.actor.version == 2 and stuck.actor.version == 1
     assert 1.0 <= push_s < 2 and stuck_alive_after_push, push_s
     assert routed == healthy.index  # a worker behind on weights gets no new request
+
+
+def test_a_worker_that_hangs_at_the_runs_end_is_named_and_killed_by_stop(caplog):
+    async def scenario():
+        actors = FakeActors()
+        proxy = await _started(actors, [], rpc_timeout_floor_s=0.3)
+        await asyncio.sleep(0.1)  # a few heartbeats
+        healthy, stuck = proxy.workers
+        stuck.actor.freeze()
+        t0 = time.monotonic()
+        await proxy.stop()
+        return time.monotonic() - t0, healthy, stuck
+
+    caplog.set_level(logging.WARNING, logger="jaxrl_async.cluster.ray")
+    stop_s, healthy, stuck = asyncio.run(scenario())
+    named = [r.getMessage() for r in caplog.records if "did not answer stop" in r.getMessage()]
+    assert len(named) == 1 and f"(pid {stuck.pid})" in named[0], named
+    assert stuck.actor.killed and healthy.actor.killed
+    assert stop_s < 1.5, stop_s  # within the floor, not the 5 s ceiling
 
 
 def test_a_push_waits_for_every_worker_that_answers():
