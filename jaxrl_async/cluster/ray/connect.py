@@ -2,7 +2,8 @@
 
 `ray.init` retries an unreachable address for minutes and has no deadline of its own, so joining
 is a TCP probe of a HOST:PORT address first, then `ray.init` in a thread under
-`cluster.init_timeout_s`, and every failure is one line naming `cluster.address` and the usual
+`cluster.init_timeout_s` (a private `local` cluster starts in the caller's thread: see `connect`),
+and every failure is one line naming `cluster.address` and the usual
 fix. `connect` also checks that the cluster has the GPUs the workers ask for. The job calls it
 (`ClusterConfig.connect`) before the run installs its signal handlers; the proxy calls it again
 when it reserves the bundles (a no-op once joined).
@@ -23,7 +24,11 @@ def connect(cfg: RayClusterConfig) -> None:
     if not ray.is_initialized():
         _check_reachable(cfg.address)
         if cfg.address == "local":
-            error = _init_within(cfg, lambda: ray.init(include_dashboard=False, log_to_driver=False))
+            # In the caller's thread: Ray starts the private head's processes with
+            # PR_SET_PDEATHSIG, which Linux fires when the *thread* that started them ends, so a
+            # start from `_init_within`'s thread would kill the cluster as that thread returns.
+            # A local start has no remote address to retry, so it needs no deadline.
+            error = _init_here(lambda: ray.init(include_dashboard=False, log_to_driver=False))
         else:
             error = _init_within(cfg, lambda: ray.init(address=cfg.address, log_to_driver=False))
         if error is not None:
@@ -35,6 +40,15 @@ def connect(cfg: RayClusterConfig) -> None:
     if need > have:
         raise ValueError(f"cluster.num_workers={cfg.num_workers} x gpus_per_worker={cfg.gpus_per_worker} "
                          f"needs {need:g} GPUs; the Ray cluster has {have:g}")
+
+
+def _init_here(init: Callable[[], None]) -> BaseException | None:
+    """`init()` in this thread; returns the connection error it raised, if any."""
+    try:
+        init()
+    except (ConnectionError, RuntimeError, ValueError) as error:
+        return error
+    return None
 
 
 def _init_within(cfg: RayClusterConfig, init: Callable[[], None]) -> BaseException | None:
