@@ -3,10 +3,10 @@
 `ray.init` retries an unreachable address for minutes and has no deadline of its own, so joining
 is a TCP probe of a HOST:PORT address first, then `ray.init` in a thread under
 `cluster.init_timeout_s` (a private `local` cluster starts in the caller's thread: see `connect`),
-and every failure is one line naming `cluster.address` and the usual
-fix. `connect` also checks that the cluster has the GPUs the workers ask for. The job calls it
-(`ClusterConfig.connect`) before the run installs its signal handlers; the proxy calls it again
-when it reserves the bundles (a no-op once joined).
+and every failure is one line naming `cluster.address` and the usual fix. `connect` also checks
+that the cluster has the GPUs the workers ask for. The job calls it (`ClusterConfig.connect`)
+before the run installs its signal handlers; the proxy calls it again when it reserves the bundles
+(a no-op once joined).
 """
 
 from __future__ import annotations
@@ -31,6 +31,8 @@ def connect(cfg: RayClusterConfig) -> None:
             error = _init_here(lambda: ray.init(include_dashboard=False, log_to_driver=False))
         else:
             error = _init_within(cfg, lambda: ray.init(address=cfg.address, log_to_driver=False))
+        if error is not None and not isinstance(error, (ConnectionError, RuntimeError, ValueError)):
+            raise error  # not a failure to connect: its own traceback
         if error is not None:
             first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
             raise ConnectionError(f"cluster.address={cfg.address!r}: cannot reach a Ray cluster ({first}); "
@@ -43,10 +45,10 @@ def connect(cfg: RayClusterConfig) -> None:
 
 
 def _init_here(init: Callable[[], None]) -> BaseException | None:
-    """`init()` in this thread; returns the connection error it raised, if any."""
+    """`init()` in this thread; returns what it raised, if anything (`connect` sorts it)."""
     try:
         init()
-    except (ConnectionError, RuntimeError, ValueError) as error:
+    except BaseException as error:  # noqa: BLE001 - connect re-raises what is not a connection error
         return error
     return None
 
@@ -54,18 +56,10 @@ def _init_here(init: Callable[[], None]) -> BaseException | None:
 def _init_within(cfg: RayClusterConfig, init: Callable[[], None]) -> BaseException | None:
     """`init()` (`ray.init`) with a deadline, `cluster.init_timeout_s`: in a daemon thread, since
     Ray's own retries have none (a head started on 127.0.0.1 answers the TCP probe, then `ray.init`
-    retries the host's interface address for ever). Returns the connection error it raised, if any;
-    past the deadline, a one-line ConnectionError naming the fixes."""
+    retries the host's interface address for ever). Returns what it raised, if anything (`connect`
+    sorts it); past the deadline, a one-line ConnectionError naming the fixes."""
     outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            init()
-            outcome.append(None)
-        except BaseException as error:  # noqa: BLE001 - sorted and re-raised in the caller's thread
-            outcome.append(error)
-
-    thread = threading.Thread(target=run, name="ray-init", daemon=True)
+    thread = threading.Thread(target=lambda: outcome.append(_init_here(init)), name="ray-init", daemon=True)
     thread.start()
     thread.join(cfg.init_timeout_s)
     if not outcome:
@@ -74,10 +68,7 @@ def _init_within(cfg: RayClusterConfig, init: Callable[[], None]) -> BaseExcepti
             f"{cfg.init_timeout_s:g} s; a head on 127.0.0.1 needs RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 in this "
             "process's environment (Ray swaps the loopback for the interface address), a remote head "
             "`ray start --head --node-ip-address=<reachable address>`")
-    error = outcome[0]
-    if error is not None and not isinstance(error, (ConnectionError, RuntimeError, ValueError)):
-        raise error
-    return error
+    return outcome[0]
 
 
 def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
